@@ -1,0 +1,149 @@
+// rpmapp::Error and rpmapp::errc: what every fallible call returns on failure.
+#pragma once
+
+#include <rpmapp/expected.hpp>
+#include <rpmapp/version.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+RPMAPP_BEGIN_NAMESPACE
+
+/// Error codes, with librpma's names (RPMA_E_*) and numeric values.
+enum class errc : int {
+  unknown = -100000,          ///< an unexpected event or an unclassified failure
+  nosupp = -100001,           ///< not supported
+  provider = -100002,         ///< a librdmacm / libibverbs call failed (see sys_errno(), call())
+  nomem = -100003,            ///< out of memory
+  inval = -100004,            ///< invalid argument, or an object that was moved from
+  no_completion = -100005,    ///< no completion available
+  no_event = -100006,         ///< no event available (non-blocking call, or a timeout)
+  again = -100007,            ///< try again
+  shared_channel = -100008,   ///< the completion channel is shared
+  not_shared_chnl = -100009,  ///< the completion channel is not shared
+};
+
+/// Short English description of `code`, e.g. "provider error". Never fails.
+constexpr std::string_view to_string(errc code) noexcept {
+  switch (code) {
+    case errc::unknown: return "unknown error";
+    case errc::nosupp: return "not supported";
+    case errc::provider: return "provider error";
+    case errc::nomem: return "out of memory";
+    case errc::inval: return "invalid argument";
+    case errc::no_completion: return "no completion available";
+    case errc::no_event: return "no next event available";
+    case errc::again: return "temporary error, try again";
+    case errc::shared_channel: return "completion channel is shared";
+    case errc::not_shared_chnl: return "completion channel is not shared";
+  }
+  return "unrecognized error code";
+}
+
+/// The std::error_category of errc ("rpmapp").
+inline const std::error_category& rpmapp_category() noexcept {
+  struct category final : std::error_category {
+    const char* name() const noexcept override { return "rpmapp"; }
+    std::string message(int value) const override {
+      return std::string(to_string(static_cast<errc>(value)));
+    }
+  };
+  static const category instance;
+  return instance;
+}
+
+inline std::error_code make_error_code(errc code) noexcept {
+  return {static_cast<int>(code), rpmapp_category()};
+}
+
+/// A failure: the errc, the provider's errno where a provider call failed (0 otherwise),
+/// the name of the failing call (a provider function such as "rdma_listen", or the rpmapp
+/// function that rejected its arguments) and a reason. A small value type: copying it
+/// never allocates or throws; a reason longer than max_reason bytes is truncated.
+class Error {
+ public:
+  static constexpr std::size_t max_reason = 159;
+
+  constexpr Error() noexcept = default;
+  /// `call` must point to a string with static storage duration (a literal).
+  Error(errc code, int sys_errno, const char* call, std::string_view reason = {}) noexcept
+      : code_(code), errno_(sys_errno), call_(call) {
+    set_reason(reason);
+  }
+
+  constexpr errc code() const noexcept { return code_; }
+  /// The errno of the failed provider call, or 0.
+  constexpr int sys_errno() const noexcept { return errno_; }
+  /// The failing call's name, or "" when there is none.
+  constexpr std::string_view call() const noexcept { return call_ ? call_ : ""; }
+  /// Why it failed, in words (may be empty).
+  std::string_view reason() const noexcept { return {reason_, reason_len_}; }
+
+  /// One line: "<call>: <errc text>[: <strerror> (errno N)][: <reason>]".
+  /// Example: "rdma_listen: provider error: Address already in use (errno 98)".
+  std::string message() const { return fmt::format("{}", *this); }
+
+  std::error_code error_code() const noexcept { return make_error_code(code_); }
+  /// The provider's errno as a std::system_category code (value 0 when there is none).
+  std::error_code system_error_code() const noexcept { return {errno_, std::system_category()}; }
+
+  friend bool operator==(const Error& a, const Error& b) noexcept {
+    return a.code_ == b.code_ && a.errno_ == b.errno_ && a.call() == b.call() &&
+           a.reason() == b.reason();
+  }
+  friend bool operator==(const Error& a, errc b) noexcept { return a.code_ == b; }
+
+  template <class Out> Out format_to(Out out) const {
+    if (!call().empty()) out = fmt::format_to(out, "{}: ", call());
+    out = fmt::format_to(out, "{}", to_string(code_));
+    if (errno_ != 0) {
+      char buf[128];
+      out = fmt::format_to(out, ": {} (errno {})", strerror_text(errno_, buf, sizeof buf), errno_);
+    }
+    if (reason_len_ != 0) out = fmt::format_to(out, ": {}", reason());
+    return out;
+  }
+
+ private:
+  void set_reason(std::string_view reason) noexcept {
+    reason_len_ = static_cast<unsigned char>(std::min(reason.size(), max_reason));
+    std::memcpy(reason_, reason.data(), reason_len_);
+  }
+  // strerror_r comes in a GNU flavour (returns a pointer) and an XSI one (returns int).
+  static const char* strerror_text(int value, char* buf, std::size_t len) noexcept {
+    return pick_strerror(strerror_r(value, buf, len), buf);
+  }
+  static const char* pick_strerror(const char* gnu_result, char*) noexcept { return gnu_result; }
+  static const char* pick_strerror(int xsi_result, char* buf) noexcept {
+    return xsi_result == 0 ? buf : "unknown errno";
+  }
+
+  errc code_ = errc::unknown;
+  int errno_ = 0;
+  const char* call_ = nullptr;
+  unsigned char reason_len_ = 0;
+  char reason_[max_reason] = {};
+};
+
+RPMAPP_END_NAMESPACE
+
+template <> struct std::is_error_code_enum<rpmapp::errc> : std::true_type {};
+
+template <> struct fmt::formatter<rpmapp::Error> {
+  constexpr auto parse(format_parse_context& ctx) { return ctx.begin(); }
+  template <class Ctx> auto format(const rpmapp::Error& e, Ctx& ctx) const {
+    return e.format_to(ctx.out());
+  }
+};
+
+template <> struct fmt::formatter<rpmapp::errc> : fmt::formatter<std::string_view> {
+  template <class Ctx> auto format(rpmapp::errc c, Ctx& ctx) const {
+    return fmt::formatter<std::string_view>::format(rpmapp::to_string(c), ctx);
+  }
+};

@@ -1,0 +1,27 @@
+// rpmapp: version and the versioned inline namespace.
+#pragma once
+
+#define RPMAPP_VERSION_MAJOR 0
+#define RPMAPP_VERSION_MINOR 1
+#define RPMAPP_VERSION_PATCH 0
+#define RPMAPP_VERSION_STRING "0.1.0"
+
+// The expected back end (std or tl) is part of the ABI namespace, so that two translation
+// units that chose differently fail to link instead of silently violating the ODR.
+#include <version>
+#if !defined(RPMAPP_USE_TL_EXPECTED) && !defined(RPMAPP_USE_STD_EXPECTED)
+#  if defined(__cpp_lib_expected) && __cpp_lib_expected >= 202202L
+#    define RPMAPP_USE_STD_EXPECTED 1
+#  else
+#    define RPMAPP_USE_TL_EXPECTED 1
+#  endif
+#endif
+
+#if defined(RPMAPP_USE_STD_EXPECTED)
+#  define RPMAPP_ABI_NAMESPACE v0_std
+#else
+#  define RPMAPP_ABI_NAMESPACE v0_tl
+#endif
+
+#define RPMAPP_BEGIN_NAMESPACE namespace rpmapp { inline namespace RPMAPP_ABI_NAMESPACE {
+#define RPMAPP_END_NAMESPACE } }
