@@ -87,7 +87,11 @@ class Error {
 
   /// One line: "<call>: <errc text>[: <strerror> (errno N)][: <reason>]".
   /// Example: "rdma_listen: provider error: Address already in use (errno 98)".
-  std::string message() const { return fmt::format("{}", *this); }
+  std::string message() const {
+    fmt::memory_buffer buf;
+    format_to(fmt::appender(buf));
+    return fmt::to_string(buf);
+  }
 
   std::error_code error_code() const noexcept { return make_error_code(code_); }
   /// The provider's errno as a std::system_category code (value 0 when there is none).

@@ -1,0 +1,324 @@
+// rpmapp::ConnReq: a connection request, incoming (from an Endpoint) or outgoing (to a
+// server), and rpmapp::PendingConnReq: an outgoing request whose address and route are
+// still being resolved.
+#pragma once
+
+#include <rpmapp/config.hpp>
+#include <rpmapp/conn.hpp>
+#include <rpmapp/detail/address.hpp>
+#include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/connection.hpp>
+#include <rpmapp/error.hpp>
+#include <rpmapp/peer.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+RPMAPP_BEGIN_NAMESPACE
+
+class Endpoint;
+class PendingConnReq;
+
+/// A connection request with its queue pair and completion queues already created (from
+/// ConnConfig), so the connection can carry data as soon as it is established.
+/// Incoming requests come from Endpoint::next_conn_req; outgoing ones from ConnReq::to or
+/// PendingConnReq. A request stays valid after its Endpoint is gone.
+/// Dropping an incoming request rejects it and frees its cm_id.
+/// Thread safety: one thread at a time per ConnReq; different requests are independent.
+class ConnReq {
+ public:
+  /// Resolves `addr`:`port` (each step bounded by `config.timeout`) and creates the queue
+  /// pair on `peer`. Blocks; see start() for the non-blocking form.
+  /// Errors:
+  /// - inval: empty `peer`; `addr` not a numeric address; `port` not decimal 0..65535 (or 0);
+  ///   a bad `config`; the address is reached through another device than `peer`'s.
+  /// - provider: rdma_create_event_channel, rdma_create_id, rdma_getaddrinfo,
+  ///   rdma_resolve_addr, rdma_resolve_route (also an ADDR_ERROR / ROUTE_ERROR event, errno
+  ///   from its status), rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
+  ///   ibv_req_notify_cq or rdma_create_qp failed.
+  /// - nomem: out of memory.
+  /// Thread safety: may be called concurrently.
+  static expected<ConnReq> to(const Peer& peer, std::string_view addr, std::string_view port,
+                              const ConnConfig& config = {}) noexcept;
+
+  /// Starts resolving `addr`:`port` and returns at once; the request completes through
+  /// PendingConnReq (its fd() becomes readable as resolution advances), so one thread can
+  /// have many outgoing requests in flight. Errors: as to(), for the steps taken so far.
+  static expected<PendingConnReq> start(const Peer& peer, std::string_view addr,
+                                        std::string_view port,
+                                        const ConnConfig& config = {}) noexcept;
+
+  ConnReq(ConnReq&&) noexcept = default;
+  ConnReq& operator=(ConnReq&&) noexcept = default;
+  ~ConnReq() = default;
+
+  explicit operator bool() const noexcept { return core_ != nullptr; }
+
+  /// Accepts (incoming) or connects (outgoing), sending `private_data` (at most 196 bytes
+  /// on accept, 56 on connect). Consumes the request: on success the Conn owns everything;
+  /// on a provider failure the request is released (an incoming one is rejected). Only an
+  /// inval leaves the request as it was. Establishment is reported by Conn::next_event.
+  /// Errors:
+  /// - inval: empty request; private data too long (nothing is sent).
+  /// - provider: rdma_accept or rdma_connect failed.
+  expected<Conn> connect(std::span<const std::byte> private_data = {}) && noexcept {
+    constexpr const char* call = "ConnReq::connect";
+    if (!core_) return detail::fail(detail::moved_from(call));
+    const std::size_t limit =
+        incoming_ ? detail::max_accept_private_data : detail::max_connect_private_data;
+    if (auto ok = detail::check_private_data(call, private_data, limit,
+                                             incoming_ ? "accept" : "connect");
+        !ok)
+      return detail::fail(ok.error());
+    auto core = std::move(core_);
+    rdma_conn_param param = detail::conn_param(private_data, core->config);
+    errno = 0;
+    if (incoming_) {
+      if (detail::provider().accept(core->id.get(), &param) != 0)
+        return detail::fail(detail::provider_error("rdma_accept", errno));
+      core->id.get_deleter().reject_first = false;
+    } else if (detail::provider().connect(core->id.get(), &param) != 0) {
+      return detail::fail(detail::provider_error("rdma_connect", errno));
+    }
+    return Conn(std::move(core));
+  }
+
+  /// Rejects an incoming request, sending `private_data` (at most 196 bytes) to the client,
+  /// and releases it (consumed, whatever the result, except on inval).
+  /// Errors:
+  /// - inval: empty request; an outgoing request; private data too long.
+  /// - provider: rdma_reject failed (the request is still released), or a release step
+  ///   (ibv_destroy_cq, ibv_destroy_comp_channel, rdma_destroy_id) failed.
+  expected<void> reject(std::span<const std::byte> private_data = {}) && noexcept {
+    constexpr const char* call = "ConnReq::reject";
+    if (!core_) return detail::fail(detail::moved_from(call));
+    if (!incoming_) return detail::fail(detail::invalid(call, "only an incoming request can be rejected"));
+    if (auto ok = detail::check_private_data(call, private_data,
+                                             detail::max_reject_private_data, "reject");
+        !ok)
+      return detail::fail(ok.error());
+    auto core = std::move(core_);
+    detail::FirstError first;
+    errno = 0;
+    first.errno_call(detail::provider().reject(core->id.get(), private_data.data(),
+                                               static_cast<std::uint8_t>(private_data.size())),
+                     "rdma_reject");
+    core->id.get_deleter().reject_first = false;
+    if (auto closed = detail::close_core(*core); !closed) first.note(closed.error());
+    return first.result();
+  }
+
+  /// Releases the request (an incoming one is rejected without private data), reporting
+  /// the first failure. Consumed whatever the result. Errors: inval when empty; provider.
+  expected<void> close() && noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::close"));
+    auto core = std::move(core_);
+    return detail::close_core(*core);
+  }
+
+  /// True for a request that came from an Endpoint. Errors: inval when empty.
+  expected<bool> is_incoming() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::is_incoming"));
+    return incoming_;
+  }
+  /// The private data of an incoming request, as rdma_cm delivered it: zero-padded to 56
+  /// bytes whatever the client sent. Empty for an outgoing request. Errors: inval when empty.
+  expected<std::span<const std::byte>> private_data() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::private_data"));
+    return std::span<const std::byte>(core_->private_data);
+  }
+  /// Copies private_data() into `out`; returns its size. Errors: inval when empty or when
+  /// `out` is too small (nothing is written then).
+  expected<std::size_t> copy_private_data(std::span<std::byte> out) const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::copy_private_data"));
+    return detail::copy_out("ConnReq::copy_private_data", core_->private_data, out);
+  }
+  /// The other side's numeric address. Errors: inval when empty; nomem.
+  expected<std::string> peer_address() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_address"));
+    return detail::no_throw("ConnReq::peer_address", [&]() -> expected<std::string> {
+      return detail::address_of(rdma_get_peer_addr(core_->id.get()));
+    });
+  }
+  /// The other side's port. Errors: inval when empty.
+  expected<std::uint16_t> peer_port() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_port"));
+    return detail::port_of(rdma_get_peer_addr(core_->id.get()));
+  }
+  /// The RDMA device the request arrived on (or leaves from), e.g. "rxe0".
+  /// Errors: inval when empty.
+  expected<std::string_view> device() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::device"));
+    return std::string_view(core_->device);
+  }
+  /// The queue pair number. Errors: inval when empty.
+  expected<std::uint32_t> qp_num() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::qp_num"));
+    return core_->id->qp->qp_num;
+  }
+
+ private:
+  friend class Endpoint;
+  friend class PendingConnReq;
+  ConnReq(std::unique_ptr<detail::ConnectionCore> core, bool incoming) noexcept
+      : core_(std::move(core)), incoming_(incoming) {}
+
+  std::unique_ptr<detail::ConnectionCore> core_;
+  bool incoming_ = false;
+};
+
+/// An outgoing request whose address and route resolution is in progress (ConnReq::start).
+/// Thread safety: one thread at a time per PendingConnReq.
+class PendingConnReq {
+ public:
+  PendingConnReq(PendingConnReq&&) noexcept = default;
+  PendingConnReq& operator=(PendingConnReq&&) noexcept = default;
+  ~PendingConnReq() = default;
+
+  explicit operator bool() const noexcept { return core_ != nullptr; }
+
+  /// The fd of the request's event channel: readable when resolution has advanced.
+  /// Errors: inval when empty.
+  expected<int> fd() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("PendingConnReq::fd"));
+    return core_->channel->fd;
+  }
+
+  /// Advances resolution with the events already pending. While it is in progress returns
+  /// no_event and the object stays usable; otherwise it is consumed: on success the ConnReq
+  /// owns everything, on failure everything is released.
+  /// Errors: no_event (in progress); inval (empty; the address is reached through another
+  /// device than the Peer's); provider (as ConnReq::to); nomem.
+  expected<ConnReq> try_wait() && noexcept { return advance("PendingConnReq::try_wait", detail::Wait::none()); }
+  /// As try_wait, waiting up to `timeout` for resolution to finish.
+  expected<ConnReq> wait_for(std::chrono::milliseconds timeout) && noexcept {
+    return advance("PendingConnReq::wait_for", detail::Wait::bounded(timeout));
+  }
+  /// Waits until resolution finishes. rdma_cm bounds each step by ConnConfig::timeout;
+  /// should it stay silent, each step gives up after twice that (provider, ETIMEDOUT).
+  expected<ConnReq> wait() && noexcept {
+    constexpr const char* call = "PendingConnReq::wait";
+    if (!core_) return detail::fail(detail::moved_from(call));
+    auto bound = 2 * core_->config.timeout;
+    auto result = std::move(*this).advance(call, detail::Wait::bounded(bound));
+    if (!result && result.error() == errc::no_event && core_) {
+      core_.reset();
+      return detail::fail(detail::make_error(errc::provider, ETIMEDOUT, resolving_call(),
+                                             "no resolution event within {} ms", bound.count()));
+    }
+    return result;
+  }
+
+ private:
+  friend class ConnReq;
+  enum class Stage { address, route };
+
+  explicit PendingConnReq(std::unique_ptr<detail::ConnectionCore> core) noexcept
+      : core_(std::move(core)) {}
+
+  const char* resolving_call() const noexcept {
+    return stage_ == Stage::address ? "rdma_resolve_addr" : "rdma_resolve_route";
+  }
+
+  // Handles events until resolution is over or none arrives within `wait`.
+  expected<ConnReq> advance(const char* call, detail::Wait wait) noexcept {
+    if (!core_) return detail::fail(detail::moved_from(call));
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + std::chrono::milliseconds(wait.ms);
+    for (;;) {
+      auto event = detail::next_cm_event(core_->channel.get(), wait);
+      if (!event) {
+        if (event.error() != errc::no_event) core_.reset();
+        return detail::fail(event.error());
+      }
+      auto step = handle(**event);
+      if (auto acked = detail::ack(*event); !acked && step) step = detail::fail(acked.error());
+      if (!step) {
+        core_.reset();
+        return detail::fail(step.error());
+      }
+      if (*step) return ConnReq(std::move(core_), false);
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+      if (wait.ms > 0) wait = detail::Wait::bounded(left);
+    }
+  }
+
+  // One resolution event: true when the request is ready.
+  expected<bool> handle(const rdma_cm_event& event) noexcept {
+    const detail::Provider& p = detail::provider();
+    const auto type = event.event;
+    if (stage_ == Stage::address && type == RDMA_CM_EVENT_ADDR_RESOLVED) {
+      errno = 0;
+      if (p.resolve_route(core_->id.get(), static_cast<int>(core_->config.timeout.count())) != 0)
+        return detail::fail(detail::provider_error("rdma_resolve_route", errno));
+      stage_ = Stage::route;
+      return false;
+    }
+    if (stage_ == Stage::route && type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
+      auto device = detail::device_name(core_->id->verbs);
+      auto own = detail::device_name(core_->peer->context);
+      if (device != own)
+        return detail::fail(detail::invalid("ConnReq::to",
+                                            "the address is reached through device {}, the peer is on {}",
+                                            device, own));
+      return detail::no_throw("ConnReq::to", [&]() -> expected<bool> {
+        core_->device = std::string(device);
+        if (auto made = detail::create_queues(*core_, core_->config); !made)
+          return detail::fail(made.error());
+        return true;
+      });
+    }
+    int e = event.status < 0 ? -event.status : (event.status > 0 ? event.status : EPROTO);
+    return detail::fail(detail::make_error(errc::provider, e, resolving_call(), "event {}",
+                                           detail::event_name(type)));
+  }
+
+  std::unique_ptr<detail::ConnectionCore> core_;
+  Stage stage_ = Stage::address;
+};
+
+inline expected<PendingConnReq> ConnReq::start(const Peer& peer, std::string_view addr,
+                                               std::string_view port,
+                                               const ConnConfig& config) noexcept {
+  constexpr const char* call = "ConnReq::to";
+  if (!peer) return detail::fail(detail::moved_from(call));
+  if (auto ok = detail::check_numeric_address(call, addr); !ok) return detail::fail(ok.error());
+  auto number = detail::parse_port(call, port);
+  if (!number) return detail::fail(number.error());
+  if (*number == 0) return detail::fail(detail::invalid(call, "cannot connect to port 0"));
+  if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
+  return detail::no_throw(call, [&]() -> expected<PendingConnReq> {
+    const detail::Provider& p = detail::provider();
+    auto core = std::make_unique<detail::ConnectionCore>();
+    core->peer = peer.state();
+    core->config = config;
+    auto info = detail::get_addr_info(std::string(addr), std::string(port), false);
+    if (!info) return detail::fail(info.error());
+    errno = 0;
+    core->channel.reset(p.create_event_channel());
+    if (!core->channel) return detail::fail(detail::provider_error("rdma_create_event_channel", errno));
+    rdma_cm_id* id = nullptr;
+    errno = 0;
+    if (p.create_id(core->channel.get(), &id, nullptr, RDMA_PS_TCP) != 0)
+      return detail::fail(detail::provider_error("rdma_create_id", errno));
+    core->id.reset(id);
+    errno = 0;
+    if (p.resolve_addr(id, (*info)->ai_src_addr, (*info)->ai_dst_addr,
+                       static_cast<int>(config.timeout.count())) != 0)
+      return detail::fail(detail::provider_error("rdma_resolve_addr", errno));
+    return PendingConnReq(std::move(core));
+  });
+}
+
+inline expected<ConnReq> ConnReq::to(const Peer& peer, std::string_view addr,
+                                     std::string_view port, const ConnConfig& config) noexcept {
+  auto pending = start(peer, addr, port, config);
+  if (!pending) return detail::fail(pending.error());
+  return std::move(*pending).wait();
+}
+
+RPMAPP_END_NAMESPACE

@@ -1,0 +1,184 @@
+// rpmapp::Endpoint: a listening endpoint (librpma's rpma_ep).
+#pragma once
+
+#include <rpmapp/config.hpp>
+#include <rpmapp/conn_req.hpp>
+#include <rpmapp/detail/address.hpp>
+#include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/connection.hpp>
+#include <rpmapp/detail/listener.hpp>
+#include <rpmapp/error.hpp>
+#include <rpmapp/peer.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+
+RPMAPP_BEGIN_NAMESPACE
+
+/// A listening endpoint: an event channel and an RDMA_PS_TCP cm_id bound to an address and
+/// listening. Requests and connections made from it stay valid after it is gone.
+/// Thread safety: one thread at a time per Endpoint object. Endpoints that share one
+/// listener (listen_shared) may be used from different threads; each request goes to one
+/// caller. listen, listen_shared and shutdown may be called concurrently.
+class Endpoint {
+ public:
+  /// Listens on `addr`:`port` with `peer`. A specific address restricts the listener to
+  /// that address and its device; a wildcard ("", "0.0.0.0", "::") listens on all devices.
+  /// Port "0" lets the CM choose a free port: read it back with port().
+  /// Errors:
+  /// - inval: empty `peer`; `addr` not a numeric IPv4/IPv6 address; `port` not a decimal
+  ///   0..65535; a negative backlog; `addr` belongs to another device than `peer`'s.
+  /// - provider: rdma_create_event_channel, rdma_create_id, rdma_getaddrinfo,
+  ///   rdma_bind_addr or rdma_listen failed (errno and call in the Error; e.g. EADDRINUSE).
+  /// - nomem: out of memory.
+  static expected<Endpoint> listen(const Peer& peer, std::string_view addr,
+                                   std::string_view port,
+                                   const ListenOptions& options = {}) noexcept {
+    return listen(std::span<const Peer>(&peer, 1), addr, port, options);
+  }
+
+  /// As above with one Peer per device: each request is served with the Peer of the device
+  /// it arrived on (a wildcard listener spans devices). A request arriving on a device with
+  /// no Peer is rejected and next_conn_req reports inval naming the device.
+  /// Errors: as above; inval also for no peers, or two peers on one device.
+  static expected<Endpoint> listen(std::span<const Peer> peers, std::string_view addr,
+                                   std::string_view port,
+                                   const ListenOptions& options = {}) noexcept {
+    return detail::no_throw("Endpoint::listen", [&]() -> expected<Endpoint> {
+      auto state = detail::start_listening("Endpoint::listen", peers, addr, port, options);
+      if (!state) return detail::fail(state.error());
+      return Endpoint(std::move(*state));
+    });
+  }
+
+  /// ib_cm_insert_listen's behaviour: when this process already listens on the same device
+  /// (or the wildcard) and port through listen_shared, returns a new handle to that
+  /// listener; otherwise listens as listen() does. The listener stops when its last handle
+  /// goes. Port "0" always creates a listener (shared by later calls with its port).
+  /// A shared listener keeps the peers and options of its first caller.
+  /// Errors: as listen().
+  static expected<Endpoint> listen_shared(const Peer& peer, std::string_view addr,
+                                          std::string_view port,
+                                          const ListenOptions& options = {}) noexcept {
+    constexpr const char* call = "Endpoint::listen_shared";
+    return detail::no_throw(call, [&]() -> expected<Endpoint> {
+      auto state = detail::listen_shared(call, peer, addr, port, options);
+      if (!state) return detail::fail(state.error());
+      return Endpoint(std::move(*state));
+    });
+  }
+
+  Endpoint(Endpoint&& other) noexcept = default;
+  Endpoint& operator=(Endpoint&& other) noexcept {
+    if (this != &other) {
+      (void)release();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  /// Does what shutdown() does, ignoring errors.
+  ~Endpoint() { (void)release(); }
+
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+
+  /// Waits for the next connection request and creates its queue pair from `config`.
+  /// Errors:
+  /// - inval: empty endpoint; a bad `config`; an event other than a connection request
+  ///   (acknowledged; the reason names it); a request arriving on a device for which the
+  ///   endpoint has no Peer (rejected; the reason names the device).
+  /// - no_event: the fd was made non-blocking and nothing is pending.
+  /// - provider: rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
+  ///   ibv_req_notify_cq, rdma_create_qp, rdma_ack_cm_event, rdma_create_event_channel or
+  ///   rdma_migrate_id failed (the request is rejected).
+  /// - nomem: out of memory (the request is rejected).
+  expected<ConnReq> next_conn_req(const ConnConfig& config = {}) noexcept {
+    return next("Endpoint::next_conn_req", config, detail::Wait::forever());
+  }
+  /// As next_conn_req, but returns no_event at once when no request is pending.
+  expected<ConnReq> try_next_conn_req(const ConnConfig& config = {}) noexcept {
+    return next("Endpoint::try_next_conn_req", config, detail::Wait::none());
+  }
+  /// As next_conn_req, but returns no_event when no request arrived within `timeout`.
+  expected<ConnReq> next_conn_req_for(std::chrono::milliseconds timeout,
+                                      const ConnConfig& config = {}) noexcept {
+    return next("Endpoint::next_conn_req_for", config, detail::Wait::bounded(timeout));
+  }
+
+  /// The listening event channel's fd, for poll/epoll (readable = a request is pending).
+  /// The caller may set O_NONBLOCK on it. Errors: inval when empty.
+  expected<int> fd() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::fd"));
+    return state_->channel->fd;
+  }
+  /// The bound port (the CM's choice when listening on "0"). Errors: inval when empty.
+  expected<std::uint16_t> port() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::port"));
+    return state_->port;
+  }
+  /// The bound numeric address ("0.0.0.0" or "::" for a wildcard listener).
+  /// Errors: inval when empty; nomem.
+  expected<std::string> local_address() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::local_address"));
+    return detail::no_throw("Endpoint::local_address", [&]() -> expected<std::string> {
+      return detail::address_of(rdma_get_local_addr(state_->id.get()));
+    });
+  }
+  /// The IB service ID rdma_cm uses for the port (RDMA_PS_TCP << 16 | port), in network
+  /// byte order, as ib_cm_insert_listen takes it. Errors: inval when empty.
+  expected<std::uint64_t> service_id() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::service_id"));
+    return detail::tcp_service_id(state_->port);
+  }
+  /// The device a specific-address listener is bound to; "" for a wildcard listener.
+  /// Errors: inval when empty.
+  expected<std::string_view> device() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::device"));
+    return std::string_view(state_->device);
+  }
+  /// How many Endpoint handles share this listener (1 unless listen_shared).
+  /// Errors: inval when empty.
+  expected<long> share_count() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::share_count"));
+    std::lock_guard lock(detail::listener_registry().mutex);
+    return state_.use_count();
+  }
+
+  /// Releases this handle (consumed: empty afterwards, whatever the result). When it is
+  /// the listener's last handle, the pending connection requests are rejected and
+  /// acknowledged, then the listening cm_id and the event channel are destroyed.
+  /// Requests taken and connections made earlier are not affected.
+  /// Errors: inval when empty; provider: rdma_get_cm_event, rdma_reject,
+  /// rdma_ack_cm_event or rdma_destroy_id failed (the rest is still released).
+  expected<void> shutdown() && noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::shutdown"));
+    return release();
+  }
+
+ private:
+  explicit Endpoint(std::shared_ptr<detail::ListenerState> state) noexcept
+      : state_(std::move(state)) {}
+
+  expected<void> release() noexcept {
+    if (!state_) return {};
+    return detail::release_listener(std::move(state_));
+  }
+
+  expected<ConnReq> next(const char* call, const ConnConfig& config, detail::Wait wait) noexcept {
+    if (!state_) return detail::fail(detail::moved_from(call));
+    if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
+    return detail::no_throw(call, [&]() -> expected<ConnReq> {
+      auto core = detail::accept_request(call, *state_, config, wait);
+      if (!core) return detail::fail(core.error());
+      return ConnReq(std::move(*core), true);
+    });
+  }
+
+  std::shared_ptr<detail::ListenerState> state_;
+};
+
+RPMAPP_END_NAMESPACE
