@@ -198,12 +198,13 @@ class PendingConnReq {
   expected<ConnReq> wait_for(std::chrono::milliseconds timeout) && noexcept {
     return advance("PendingConnReq::wait_for", detail::Wait::bounded(timeout));
   }
-  /// Waits until resolution finishes. rdma_cm bounds each step by ConnConfig::timeout;
-  /// should it stay silent, each step gives up after twice that (provider, ETIMEDOUT).
+  /// Waits until resolution finishes. rdma_cm bounds each of its two steps by
+  /// ConnConfig::timeout; should it stay silent, this gives up after twice that plus one
+  /// second in all (provider, ETIMEDOUT, naming the step).
   expected<ConnReq> wait() && noexcept {
     constexpr const char* call = "PendingConnReq::wait";
     if (!core_) return detail::fail(detail::moved_from(call));
-    auto bound = 2 * core_->config.timeout;
+    const auto bound = 2 * core_->config.timeout + std::chrono::milliseconds(1000);
     auto result = std::move(*this).advance(call, detail::Wait::bounded(bound));
     if (!result && result.error() == errc::no_event && core_) {
       core_.reset();
