@@ -1,0 +1,104 @@
+// Helpers shared by the examples: argument parsing, error reporting, bounded event waits
+// and a client-side connect that retries when the server is not ready yet.
+#pragma once
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <thread>
+
+namespace example {
+
+using namespace std::chrono_literals;
+
+/// Every wait in the examples is bounded, so that a failure never hangs.
+inline constexpr std::chrono::milliseconds wait_bound = 10s;
+/// How often a client tries to connect before giving up.
+inline constexpr int connect_attempts = 5;
+
+/// Checks `prog ADDR PORT`; prints the usage line and returns false otherwise.
+inline bool parse_args(int argc, char** argv, std::string_view& addr, std::string_view& port) {
+  if (argc != 3) {
+    fmt::print(stderr, "usage: {} ADDR PORT\n", argc > 0 ? argv[0] : "example");
+    return false;
+  }
+  addr = argv[1];
+  port = argv[2];
+  return true;
+}
+
+/// Prints the error's one-line message and returns the exit status for main().
+inline int fail(const rpmapp::Error& error) {
+  fmt::print(stderr, "error: {}\n", error.message());
+  return 1;
+}
+
+/// Prints "listening on ADDR port PORT" with what the endpoint actually bound, and
+/// flushes: the test runner starts the clients when it sees this line.
+inline rpmapp::expected<void> print_listening(const rpmapp::Endpoint& endpoint) {
+  auto addr = endpoint.local_address();
+  if (!addr) return rpmapp::unexpected(addr.error());
+  auto port = endpoint.port();
+  if (!port) return rpmapp::unexpected(port.error());
+  fmt::print("listening on {} port {}\n", *addr, *port);
+  std::fflush(stdout);
+  return {};
+}
+
+/// True when `data` starts with the bytes of `text`. rdma_cm zero-pads private data to
+/// the protocol's size (56 bytes on connect, 196 on accept), so compare the sent prefix.
+inline bool has_prefix(std::span<const std::byte> data, std::string_view text) {
+  return data.size() >= text.size() && std::memcmp(data.data(), text.data(), text.size()) == 0;
+}
+
+/// Waits up to wait_bound for the next event of `conn` and checks that it is `want`.
+inline rpmapp::expected<void> expect_event(rpmapp::Conn& conn, rpmapp::ConnEvent want) {
+  auto event = conn.next_event_for(wait_bound);
+  if (!event) return rpmapp::unexpected(event.error());
+  if (*event != want)
+    return rpmapp::unexpected(rpmapp::Error(
+        rpmapp::errc::unknown, 0, "expect_event",
+        fmt::format("expected {}, got {}", rpmapp::to_string(want), rpmapp::to_string(*event))));
+  return {};
+}
+
+/// Makes an outgoing request with `resolve()` (a callable returning expected<ConnReq>),
+/// connects with `private_data` and waits for the connection to be established. A request
+/// that is rejected or unreachable (the server may not listen yet) is retried a few times.
+template <class Resolve>
+rpmapp::expected<rpmapp::Conn> connect_with_retry(Resolve resolve,
+                                                  std::span<const std::byte> private_data) {
+  for (int attempt = 1;; ++attempt) {
+    rpmapp::expected<rpmapp::ConnReq> req = resolve();
+    if (!req) return rpmapp::unexpected(req.error());
+    auto conn = std::move(*req).connect(private_data);
+    if (!conn) return rpmapp::unexpected(conn.error());
+    auto event = conn->next_event_for(wait_bound);
+    if (!event) return rpmapp::unexpected(event.error());
+    if (*event == rpmapp::ConnEvent::established) return std::move(*conn);
+    const bool retry = *event == rpmapp::ConnEvent::rejected ||
+                       *event == rpmapp::ConnEvent::unreachable;
+    if (!retry || attempt == connect_attempts)
+      return rpmapp::unexpected(rpmapp::Error(
+          rpmapp::errc::unknown, 0, "connect_with_retry",
+          fmt::format("connection {} after {} attempt(s)", rpmapp::to_string(*event), attempt)));
+    fmt::print("attempt {}: connection {}, retrying\n", attempt, rpmapp::to_string(*event));
+    std::this_thread::sleep_for(500ms);
+  }
+}
+
+/// connect_with_retry with the blocking ConnReq::to.
+inline rpmapp::expected<rpmapp::Conn> connect_with_retry(const rpmapp::Peer& peer,
+                                                         std::string_view addr,
+                                                         std::string_view port,
+                                                         std::span<const std::byte> private_data) {
+  return connect_with_retry([&] { return rpmapp::ConnReq::to(peer, addr, port); }, private_data);
+}
+
+}  // namespace example
