@@ -1,0 +1,343 @@
+// Benchmarks 2 and 3: connection setup on $SOFTROCE_IP, client and server threads in one
+// process, each implementation talking to its own server (servers.hpp):
+//   seq  K times: connect, established, disconnect, closed, close (the blocking APIs);
+//   conc K connections, C in flight at once: rpmapp ConnReq::start + PendingConnReq and
+//        Conn fds in epoll; raw librdmacm async ids on one event channel; librpma with its
+//        blocking rpma_conn_req_new (resolution) and its conn fds in epoll (the baseline).
+// Usage: bench_connect seq  [reps] [K]
+//        bench_connect conc [reps] [K] [C...]
+// Prints R lines (common.hpp): connections per second, measured from the first connect
+// until the client saw every connection closed and the server released all of them.
+#include "servers.hpp"
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace bench {
+namespace {
+
+const char* ip = nullptr;
+constexpr const char* rpmapp_port = "7471";
+constexpr const char* librpma_port = "7472";
+constexpr const char* raw_port = "7473";
+
+/// Waits until `server` has released `target` connections.
+void await_server(const ServerBase& server, long target) {
+  while (server.closed() < target) std::this_thread::yield();
+}
+
+// ---------------------------------------------------------------- sequential clients
+
+void seq_rpmapp(const rpmapp::Peer& peer) {
+  auto req = must(rpmapp::ConnReq::to(peer, ip, rpmapp_port), "ConnReq::to");
+  auto conn = must(std::move(req).connect(), "ConnReq::connect");
+  if (must(conn.next_event(), "Conn::next_event") != rpmapp::ConnEvent::established)
+    die("rpmapp", "not established");
+  must(conn.disconnect(), "Conn::disconnect");
+  if (must(conn.next_event(), "Conn::next_event") != rpmapp::ConnEvent::closed)
+    die("rpmapp", "not closed");
+  must(std::move(conn).close(), "Conn::close");
+}
+
+void seq_librpma(rpma_peer* peer) {
+  rpma_conn_req* req = nullptr;
+  check(rpma_conn_req_new(peer, ip, librpma_port, nullptr, &req), "rpma_conn_req_new");
+  rpma_conn* conn = nullptr;
+  check(rpma_conn_req_connect(&req, nullptr, &conn), "rpma_conn_req_connect");
+  rpma_conn_event ev{};
+  check(rpma_conn_next_event(conn, &ev), "rpma_conn_next_event");
+  if (ev != RPMA_CONN_ESTABLISHED) die("librpma", "not established");
+  check(rpma_conn_disconnect(conn), "rpma_conn_disconnect");
+  check(rpma_conn_next_event(conn, &ev), "rpma_conn_next_event");
+  if (ev != RPMA_CONN_CLOSED) die("librpma", "not closed");
+  check(rpma_conn_delete(&conn), "rpma_conn_delete");
+}
+
+rdma_cm_event_type raw_wait(rdma_event_channel* ch) {
+  rdma_cm_event* e = nullptr;
+  check(rdma_get_cm_event(ch, &e), "rdma_get_cm_event");
+  rdma_cm_event_type type = e->event;
+  rdma_ack_cm_event(e);
+  return type;
+}
+
+rdma_addrinfo* raw_resolve_info(const char* port) {
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_NUMERICHOST;
+  hints.ai_port_space = RDMA_PS_TCP;
+  hints.ai_qp_type = IBV_QPT_RC;
+  rdma_addrinfo* ai = nullptr;
+  check(rdma_getaddrinfo(ip, port, &hints, &ai), "rdma_getaddrinfo");
+  return ai;
+}
+
+/// Raw blocking client: one event channel (created once) for every connection.
+void seq_raw(rdma_event_channel* ch, ibv_pd* pd) {
+  rdma_addrinfo* ai = raw_resolve_info(raw_port);
+  rdma_cm_id* id = nullptr;
+  check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
+  check(rdma_resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000), "rdma_resolve_addr");
+  rdma_freeaddrinfo(ai);
+  if (raw_wait(ch) != RDMA_CM_EVENT_ADDR_RESOLVED) die("raw", "address not resolved");
+  check(rdma_resolve_route(id, 1000), "rdma_resolve_route");
+  if (raw_wait(ch) != RDMA_CM_EVENT_ROUTE_RESOLVED) die("raw", "route not resolved");
+  ibv_cq* cq = check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
+  ibv_qp_init_attr attr = raw_qp_attr(cq);
+  check(rdma_create_qp(id, pd, &attr), "rdma_create_qp");
+  rdma_conn_param param = raw_conn_param();
+  check(rdma_connect(id, &param), "rdma_connect");
+  if (raw_wait(ch) != RDMA_CM_EVENT_ESTABLISHED) die("raw", "not established");
+  check(rdma_disconnect(id), "rdma_disconnect");
+  if (raw_wait(ch) != RDMA_CM_EVENT_DISCONNECTED) die("raw", "not closed");
+  rdma_destroy_qp(id);
+  check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+  check(rdma_destroy_id(id), "rdma_destroy_id");
+}
+
+// ---------------------------------------------------------------- concurrent clients
+
+/// An epoll set whose keys are slot numbers.
+struct Epoll {
+  int fd = epoll_create1(0);
+  ~Epoll() { ::close(fd); }
+  void add(int f, std::uint64_t key) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = key;
+    if (epoll_ctl(fd, EPOLL_CTL_ADD, f, &ev) != 0) die("epoll_ctl add", std::strerror(errno));
+  }
+  void del(int f) {
+    if (epoll_ctl(fd, EPOLL_CTL_DEL, f, nullptr) != 0) die("epoll_ctl del", std::strerror(errno));
+  }
+  int wait(epoll_event* out, int n) {
+    for (;;) {
+      int r = epoll_wait(fd, out, n, -1);
+      if (r >= 0) return r;
+      if (errno != EINTR) die("epoll_wait", std::strerror(errno));
+    }
+  }
+};
+
+/// rpmapp: slot i holds a PendingConnReq until resolution is done, then a Conn; the fd
+/// (the request's own event channel) stays the same and stays in epoll throughout.
+void conc_rpmapp(const rpmapp::Peer& peer, int total, int inflight) {
+  struct Slot {
+    std::optional<rpmapp::PendingConnReq> pending;
+    std::optional<rpmapp::Conn> conn;
+    int fd = -1;
+  };
+  std::vector<Slot> slots(inflight);
+  Epoll ep;
+  int started = 0, done = 0;
+  auto launch = [&](int i) {
+    auto p = must(rpmapp::ConnReq::start(peer, ip, rpmapp_port), "ConnReq::start");
+    slots[i].fd = must(p.fd(), "PendingConnReq::fd");
+    slots[i].pending.emplace(std::move(p));
+    ep.add(slots[i].fd, static_cast<std::uint64_t>(i));
+    ++started;
+  };
+  for (int i = 0; i < inflight && started < total; ++i) launch(i);
+  epoll_event events[64];
+  while (done < total) {
+    int n = ep.wait(events, 64);
+    for (int k = 0; k < n; ++k) {
+      Slot& s = slots[events[k].data.u64];
+      const int i = static_cast<int>(events[k].data.u64);
+      if (s.pending) {
+        auto req = std::move(*s.pending).try_wait();
+        if (!req && req.error() == rpmapp::errc::no_event) continue;
+        s.pending.reset();
+        s.conn.emplace(must(must(std::move(req), "try_wait").connect(), "ConnReq::connect"));
+        continue;
+      }
+      if (!s.conn) continue;
+      for (;;) {
+        auto ev = s.conn->try_next_event();
+        if (!ev && ev.error() == rpmapp::errc::no_event) break;
+        auto what = must(std::move(ev), "Conn::try_next_event");
+        if (what == rpmapp::ConnEvent::established) {
+          must(s.conn->disconnect(), "Conn::disconnect");
+        } else if (what == rpmapp::ConnEvent::closed) {
+          ep.del(s.fd);
+          must(std::move(*s.conn).close(), "Conn::close");
+          s.conn.reset();
+          ++done;
+          if (started < total) launch(i);
+          break;
+        } else {
+          die("rpmapp", std::string(rpmapp::to_string(what)));
+        }
+      }
+    }
+  }
+}
+
+/// librpma: rpma_conn_req_new blocks while it resolves, so new requests are created one
+/// at a time; established/closed events come through the conn fds in epoll.
+void conc_librpma(rpma_peer* peer, int total, int inflight) {
+  std::vector<rpma_conn*> slots(inflight, nullptr);
+  Epoll ep;
+  int started = 0, done = 0, open = 0;
+  auto launch = [&](int i) {
+    rpma_conn_req* req = nullptr;
+    check(rpma_conn_req_new(peer, ip, librpma_port, nullptr, &req), "rpma_conn_req_new");
+    check(rpma_conn_req_connect(&req, nullptr, &slots[i]), "rpma_conn_req_connect");
+    int fd = -1;
+    check(rpma_conn_get_event_fd(slots[i], &fd), "rpma_conn_get_event_fd");
+    ep.add(fd, static_cast<std::uint64_t>(i));
+    ++started;
+    ++open;
+  };
+  for (int i = 0; i < inflight && started < total; ++i) launch(i);
+  epoll_event events[64];
+  while (done < total) {
+    int n = ep.wait(events, 64);
+    for (int k = 0; k < n; ++k) {
+      const int i = static_cast<int>(events[k].data.u64);
+      if (slots[i] == nullptr) continue;
+      rpma_conn_event ev{};
+      check(rpma_conn_next_event(slots[i], &ev), "rpma_conn_next_event");
+      if (ev == RPMA_CONN_ESTABLISHED) {
+        check(rpma_conn_disconnect(slots[i]), "rpma_conn_disconnect");
+      } else if (ev == RPMA_CONN_CLOSED) {
+        int fd = -1;
+        check(rpma_conn_get_event_fd(slots[i], &fd), "rpma_conn_get_event_fd");
+        ep.del(fd);
+        check(rpma_conn_delete(&slots[i]), "rpma_conn_delete");
+        ++done;
+        if (started < total) launch(i);
+      } else {
+        die("librpma", rpma_utils_conn_event_2str(ev));
+      }
+    }
+  }
+}
+
+/// Raw librdmacm: every id on one non-blocking event channel; the id's context is its slot.
+void conc_raw(ibv_pd* pd, int total, int inflight) {
+  rdma_event_channel* ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
+  set_nonblocking(ch->fd);
+  int started = 0, done = 0;
+  auto launch = [&] {
+    rdma_addrinfo* ai = raw_resolve_info(raw_port);  // per connection, as rpmapp and librpma
+    rdma_cm_id* id = nullptr;
+    check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
+    check(rdma_resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000), "rdma_resolve_addr");
+    rdma_freeaddrinfo(ai);
+    ++started;
+  };
+  for (int i = 0; i < inflight && started < total; ++i) launch();
+  while (done < total) {
+    pollfd p{ch->fd, POLLIN, 0};
+    if (::poll(&p, 1, -1) < 0 && errno != EINTR) die("poll", std::strerror(errno));
+    for (;;) {
+      rdma_cm_event* e = nullptr;
+      if (rdma_get_cm_event(ch, &e) != 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        die("rdma_get_cm_event", std::strerror(errno));
+      }
+      rdma_cm_id* id = e->id;
+      const rdma_cm_event_type type = e->event;
+      rdma_ack_cm_event(e);
+      switch (type) {
+        case RDMA_CM_EVENT_ADDR_RESOLVED:
+          check(rdma_resolve_route(id, 1000), "rdma_resolve_route");
+          break;
+        case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+          ibv_cq* cq = check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
+          ibv_qp_init_attr attr = raw_qp_attr(cq);
+          check(rdma_create_qp(id, pd, &attr), "rdma_create_qp");
+          id->context = cq;
+          rdma_conn_param param = raw_conn_param();
+          check(rdma_connect(id, &param), "rdma_connect");
+          break;
+        }
+        case RDMA_CM_EVENT_ESTABLISHED:
+          check(rdma_disconnect(id), "rdma_disconnect");
+          break;
+        case RDMA_CM_EVENT_DISCONNECTED: {
+          auto* cq = static_cast<ibv_cq*>(id->context);
+          rdma_destroy_qp(id);
+          check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+          check(rdma_destroy_id(id), "rdma_destroy_id");
+          ++done;
+          if (started < total) launch();
+          break;
+        }
+        default:
+          die("raw", rdma_event_str(type));
+      }
+    }
+  }
+  rdma_destroy_event_channel(ch);
+}
+
+}  // namespace
+}  // namespace bench
+
+int main(int argc, char** argv) {
+  using namespace bench;
+  const std::string mode = argc > 1 ? argv[1] : "seq";
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 7;
+  const int total = argc > 3 ? std::atoi(argv[3]) : 20;
+  std::vector<int> inflights;
+  for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
+  if (inflights.empty()) inflights = {1, 4, 16, 64};
+  if (mode != "seq" && mode != "conc") die("usage", "bench_connect seq|conc [reps] [K] [C...]");
+  ip = std::getenv("SOFTROCE_IP");
+  if (ip == nullptr) die("SOFTROCE_IP", "not set (run inside tools/rpmapp-vm)");
+  rpma_log_set_threshold(RPMA_LOG_THRESHOLD, RPMA_LOG_LEVEL_WARNING);
+
+  auto peer = must(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local), "Peer::from_address");
+  ibv_context* ctx = nullptr;
+  check(rpma_utils_get_ibv_context(ip, RPMA_UTIL_IBV_CONTEXT_LOCAL, &ctx), "rpma_utils_get_ibv_context");
+  rpma_peer* rpeer = nullptr;
+  check(rpma_peer_new(ctx, &rpeer), "rpma_peer_new");
+  ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
+  rdma_event_channel* raw_ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
+
+  auto s_rpmapp = std::make_unique<RpmappServer>(peer, ip, rpmapp_port);
+  auto s_librpma = std::make_unique<LibrpmaServer>(rpeer, ip, librpma_port);
+  auto s_raw = std::make_unique<RawServer>(ip, raw_port);
+  s_rpmapp->start();
+  s_librpma->start();
+  s_raw->start();
+
+  // One rep: `work` makes `n` connections; timed until the server released them all.
+  auto rate = [](ServerBase& server, int n, auto work) {
+    return [&server, n, work]() {
+      const long target = server.closed() + n;
+      const double t0 = now_s();
+      work(n);
+      await_server(server, target);
+      return n / (now_s() - t0);
+    };
+  };
+
+  if (mode == "seq") {
+    interleave("seq", "K=" + std::to_string(total), "conn/s", reps,
+               {rate(*s_rpmapp, total, [&](int n) { for (int i = 0; i < n; ++i) seq_rpmapp(peer); }),
+                rate(*s_librpma, total, [&](int n) { for (int i = 0; i < n; ++i) seq_librpma(rpeer); }),
+                rate(*s_raw, total, [&](int n) { for (int i = 0; i < n; ++i) seq_raw(raw_ch, pd); })});
+  } else {
+    for (int c : inflights) {
+      const int n = std::max(total, c);
+      interleave("conc", "C=" + std::to_string(c), "conn/s", reps,
+                 {rate(*s_rpmapp, n, [&, c](int k) { conc_rpmapp(peer, k, c); }),
+                  rate(*s_librpma, n, [&, c](int k) { conc_librpma(rpeer, k, c); }),
+                  rate(*s_raw, n, [&, c](int k) { conc_raw(pd, k, c); })});
+    }
+  }
+
+  s_rpmapp->stop();
+  s_librpma->stop();
+  s_raw->stop();
+  s_rpmapp.reset();
+  s_librpma.reset();
+  s_raw.reset();
+  rdma_destroy_event_channel(raw_ch);
+  ibv_dealloc_pd(pd);
+  check(rpma_peer_delete(&rpeer), "rpma_peer_delete");
+  return 0;
+}

@@ -1,0 +1,85 @@
+// Shared by the bench programs: failing loudly, timing, and running the three
+// implementations interleaved rep by rep with a rotating order.
+//
+// Every program prints one line per measured repetition:
+//   R <tab> bench <tab> param <tab> metric <tab> variant <tab> rep <tab> value
+// bench/report.py pairs the variants rep by rep and computes medians and ratios.
+#pragma once
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+
+namespace bench {
+
+[[noreturn]] inline void die(const char* what, const std::string& why) {
+  std::fprintf(stderr, "bench: %s: %s\n", what, why.c_str());
+  std::exit(1);
+}
+
+/// Unwraps an rpmapp::expected or exits with its message.
+template <class E> decltype(auto) must(E&& e, const char* what) {
+  if (!e) die(what, e.error().message());
+  if constexpr (std::is_void_v<typename std::remove_cvref_t<E>::value_type>)
+    return;
+  else
+    return std::move(*e);
+}
+
+/// For C calls returning 0 on success (librpma codes, librdmacm -1 + errno).
+inline void check(int rc, const char* what) {
+  if (rc != 0) die(what, "rc " + std::to_string(rc) + ", errno " + std::strerror(errno));
+}
+template <class P> P* check_ptr(P* p, const char* what) {
+  if (p == nullptr) die(what, std::string("null, errno ") + std::strerror(errno));
+  return p;
+}
+
+inline void set_nonblocking(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) die("fcntl", std::strerror(errno));
+}
+
+inline bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline const char* env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+inline constexpr std::array<const char*, 3> variants = {"rpmapp", "librpma", "raw"};
+
+/// Runs one warm-up round (not reported), then `reps` rounds; in round i the variants
+/// run in the order i, i+1, i+2 (mod 3), back to back. Each function returns the value
+/// of one repetition (e.g. ns per cycle) and is printed as an R line.
+inline void interleave(const char* bench, const std::string& param, const char* metric, int reps,
+                       const std::array<std::function<double()>, 3>& run) {
+  for (auto& f : run) (void)f();
+  for (int rep = 0; rep < reps; ++rep) {
+    for (int k = 0; k < 3; ++k) {
+      const int v = (rep + k) % 3;
+      const double value = run[v]();
+      std::printf("R\t%s\t%s\t%s\t%s\t%d\t%.6g\n", bench, param.c_str(), metric, variants[v], rep,
+                  value);
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace bench

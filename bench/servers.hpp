@@ -1,0 +1,248 @@
+// The accepting side of the connection benchmarks, once per implementation. Each server
+// runs an epoll loop in its own thread: it accepts every request (a CQ and a QP per
+// connection, sizes as ConnConfig's defaults), waits for the client's disconnect and
+// releases the connection. closed() counts connections released.
+#pragma once
+
+#include "common.hpp"
+
+#include <librpma.h>
+#include <rdma/rdma_cma.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+#include <unordered_map>
+
+namespace bench {
+
+/// Queue pair attributes used by the raw implementation (as rpmapp and librpma: sq 10,
+/// rq 10, one SGE, 8 bytes inline, RC).
+inline ibv_qp_init_attr raw_qp_attr(ibv_cq* cq) {
+  ibv_qp_init_attr attr{};
+  attr.send_cq = cq;
+  attr.recv_cq = cq;
+  attr.cap.max_send_wr = 10;
+  attr.cap.max_recv_wr = 10;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  attr.cap.max_inline_data = 8;
+  attr.qp_type = IBV_QPT_RC;
+  return attr;
+}
+
+inline rdma_conn_param raw_conn_param() {
+  rdma_conn_param p{};
+  p.responder_resources = RDMA_MAX_RESP_RES;
+  p.initiator_depth = RDMA_MAX_INIT_DEPTH;
+  p.flow_control = 1;
+  p.retry_count = 6;
+  p.rnr_retry_count = 7;
+  return p;
+}
+
+/// The epoll loop and the stop signal; Derived::on_ready(epoll_event) handles readiness.
+class ServerBase {
+ public:
+  ServerBase() : epfd_(epoll_create1(0)), stopfd_(eventfd(0, EFD_NONBLOCK)) {
+    if (epfd_ < 0 || stopfd_ < 0) die("epoll/eventfd", std::strerror(errno));
+    add(stopfd_, 0);
+  }
+  virtual ~ServerBase() {
+    ::close(epfd_);
+    ::close(stopfd_);
+  }
+  long closed() const { return closed_.load(std::memory_order_acquire); }
+  void start() {
+    thread_ = std::thread([this] { loop(); });
+  }
+  void stop() {
+    std::uint64_t one = 1;
+    if (write(stopfd_, &one, sizeof one) != sizeof one) die("eventfd write", std::strerror(errno));
+    thread_.join();
+  }
+
+ protected:
+  void add(int fd, std::uint64_t key) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = key;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) die("epoll_ctl add", std::strerror(errno));
+  }
+  void del(int fd) {
+    if (epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr) != 0) die("epoll_ctl del", std::strerror(errno));
+  }
+  virtual void on_ready(std::uint64_t key) = 0;
+  std::atomic<long> closed_{0};
+
+ private:
+  void loop() {
+    epoll_event events[64];
+    for (;;) {
+      int n = epoll_wait(epfd_, events, 64, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) die("epoll_wait", std::strerror(errno));
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.u64 == 0) return;
+        on_ready(events[i].data.u64);
+      }
+    }
+  }
+  int epfd_;
+  int stopfd_;
+  std::thread thread_;
+};
+
+/// rpmapp: the Endpoint's fd and each Conn's fd, made non-blocking, drained with
+/// next_conn_req() / next_event() until no_event. Key: 1 = listener, else fd + 2.
+class RpmappServer : public ServerBase {
+ public:
+  RpmappServer(const rpmapp::Peer& peer, const char* ip, const char* port)
+      : ep_(must(rpmapp::Endpoint::listen(peer, ip, port), "Endpoint::listen")) {
+    int fd = must(ep_.fd(), "Endpoint::fd");
+    set_nonblocking(fd);
+    add(fd, 1);
+  }
+  ~RpmappServer() override { (void)std::move(ep_).shutdown(); }
+
+ private:
+  void on_ready(std::uint64_t key) override {
+    if (key == 1) {
+      for (;;) {
+        auto req = ep_.next_conn_req();
+        if (!req && req.error() == rpmapp::errc::no_event) return;
+        auto conn = must(must(std::move(req), "next_conn_req").connect(), "ConnReq::connect");
+        int fd = must(conn.fd(), "Conn::fd");
+        set_nonblocking(fd);
+        conns_.emplace(fd, std::move(conn));
+        add(fd, static_cast<std::uint64_t>(fd) + 2);
+      }
+    }
+    const int fd = static_cast<int>(key - 2);
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) return;
+    for (;;) {
+      auto ev = it->second.next_event();
+      if (!ev && ev.error() == rpmapp::errc::no_event) return;
+      if (must(std::move(ev), "Conn::next_event") == rpmapp::ConnEvent::closed) {
+        del(fd);
+        must(std::move(it->second).close(), "Conn::close");
+        conns_.erase(it);
+        closed_.fetch_add(1, std::memory_order_release);
+        return;
+      }
+    }
+  }
+  rpmapp::Endpoint ep_;
+  std::unordered_map<int, rpmapp::Conn> conns_;
+};
+
+/// librpma: rpma_ep_get_fd and rpma_conn_get_event_fd in epoll (level-triggered), one
+/// blocking call per readiness (librpma has no "drain until empty" on a blocking fd).
+class LibrpmaServer : public ServerBase {
+ public:
+  LibrpmaServer(rpma_peer* peer, const char* ip, const char* port) {
+    check(rpma_ep_listen(peer, ip, port, &ep_), "rpma_ep_listen");
+    int fd = -1;
+    check(rpma_ep_get_fd(ep_, &fd), "rpma_ep_get_fd");
+    add(fd, 1);
+  }
+  ~LibrpmaServer() override { (void)rpma_ep_shutdown(&ep_); }
+
+ private:
+  void on_ready(std::uint64_t key) override {
+    if (key == 1) {
+      rpma_conn_req* req = nullptr;
+      check(rpma_ep_next_conn_req(ep_, nullptr, &req), "rpma_ep_next_conn_req");
+      rpma_conn* conn = nullptr;
+      check(rpma_conn_req_connect(&req, nullptr, &conn), "rpma_conn_req_connect");
+      int fd = -1;
+      check(rpma_conn_get_event_fd(conn, &fd), "rpma_conn_get_event_fd");
+      conns_.emplace(fd, conn);
+      add(fd, static_cast<std::uint64_t>(fd) + 2);
+      return;
+    }
+    const int fd = static_cast<int>(key - 2);
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) return;
+    rpma_conn_event ev{};
+    check(rpma_conn_next_event(it->second, &ev), "rpma_conn_next_event");
+    if (ev == RPMA_CONN_CLOSED) {
+      del(fd);
+      check(rpma_conn_delete(&it->second), "rpma_conn_delete");
+      conns_.erase(it);
+      closed_.fetch_add(1, std::memory_order_release);
+    }
+  }
+  rpma_ep* ep_ = nullptr;
+  std::unordered_map<int, rpma_conn*> conns_;
+};
+
+/// Raw librdmacm: one non-blocking event channel for the listener and every accepted id
+/// (no migration), a CQ without completion channel and a QP per connection.
+class RawServer : public ServerBase {
+ public:
+  RawServer(const char* ip, const char* port) {
+    ch_ = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
+    check(rdma_create_id(ch_, &listen_id_, nullptr, RDMA_PS_TCP), "rdma_create_id");
+    rdma_addrinfo hints{};
+    hints.ai_flags = RAI_PASSIVE | RAI_NUMERICHOST;
+    hints.ai_port_space = RDMA_PS_TCP;
+    hints.ai_qp_type = IBV_QPT_RC;
+    rdma_addrinfo* ai = nullptr;
+    check(rdma_getaddrinfo(ip, port, &hints, &ai), "rdma_getaddrinfo");
+    check(rdma_bind_addr(listen_id_, ai->ai_src_addr), "rdma_bind_addr");
+    rdma_freeaddrinfo(ai);
+    pd_ = check_ptr(ibv_alloc_pd(listen_id_->verbs), "ibv_alloc_pd");
+    check(rdma_listen(listen_id_, 0), "rdma_listen");
+    set_nonblocking(ch_->fd);
+    add(ch_->fd, 1);
+  }
+  ~RawServer() override {
+    rdma_destroy_id(listen_id_);
+    ibv_dealloc_pd(pd_);
+    rdma_destroy_event_channel(ch_);
+  }
+
+ private:
+  void on_ready(std::uint64_t) override {
+    for (;;) {
+      rdma_cm_event* e = nullptr;
+      if (rdma_get_cm_event(ch_, &e) != 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        die("rdma_get_cm_event", std::strerror(errno));
+      }
+      rdma_cm_id* id = e->id;
+      switch (e->event) {
+        case RDMA_CM_EVENT_CONNECT_REQUEST: {
+          ibv_cq* cq = check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
+          ibv_qp_init_attr attr = raw_qp_attr(cq);
+          check(rdma_create_qp(id, pd_, &attr), "rdma_create_qp");
+          id->context = cq;
+          rdma_conn_param param = raw_conn_param();
+          check(rdma_accept(id, &param), "rdma_accept");
+          rdma_ack_cm_event(e);
+          break;
+        }
+        case RDMA_CM_EVENT_DISCONNECTED: {
+          rdma_ack_cm_event(e);
+          auto* cq = static_cast<ibv_cq*>(id->context);
+          rdma_destroy_qp(id);
+          check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+          check(rdma_destroy_id(id), "rdma_destroy_id");
+          closed_.fetch_add(1, std::memory_order_release);
+          break;
+        }
+        default:
+          rdma_ack_cm_event(e);
+      }
+    }
+  }
+  rdma_event_channel* ch_ = nullptr;
+  rdma_cm_id* listen_id_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+};
+
+}  // namespace bench
