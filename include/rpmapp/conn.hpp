@@ -2,6 +2,7 @@
 #pragma once
 
 #include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/address.hpp>
 #include <rpmapp/detail/connection.hpp>
 #include <rpmapp/error.hpp>
 
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 RPMAPP_BEGIN_NAMESPACE
@@ -107,7 +109,20 @@ class Conn {
     if (!core_) return detail::fail(detail::moved_from("Conn::rcq"));
     return core_->rcq.get();
   }
-  /// The RDMA device the connection runs on, e.g. "rxe0". Errors: inval when empty.
+  /// The other side's numeric address. Errors: inval when empty; nomem.
+  expected<std::string> peer_address() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("Conn::peer_address"));
+    return detail::no_throw("Conn::peer_address", [&]() -> expected<std::string> {
+      return detail::address_of(rdma_get_peer_addr(core_->id.get()));
+    });
+  }
+  /// The other side's port. Errors: inval when empty.
+  expected<std::uint16_t> peer_port() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("Conn::peer_port"));
+    return detail::port_of(rdma_get_peer_addr(core_->id.get()));
+  }
+  /// The RDMA device the connection runs on, e.g. "rxe0"; the view is valid while the
+  /// Conn lives. Errors: inval when empty.
   expected<std::string_view> device() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::device"));
     return std::string_view(core_->device);

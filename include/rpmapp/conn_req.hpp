@@ -69,7 +69,7 @@ class ConnReq {
     constexpr const char* call = "ConnReq::connect";
     if (!core_) return detail::fail(detail::moved_from(call));
     const std::size_t limit =
-        incoming_ ? detail::max_accept_private_data : detail::max_connect_private_data;
+        incoming_ ? max_accept_private_data : max_connect_private_data;
     if (auto ok = detail::check_private_data(call, private_data, limit,
                                              incoming_ ? "accept" : "connect");
         !ok)
@@ -98,7 +98,7 @@ class ConnReq {
     if (!core_) return detail::fail(detail::moved_from(call));
     if (!incoming_) return detail::fail(detail::invalid(call, "only an incoming request can be rejected"));
     if (auto ok = detail::check_private_data(call, private_data,
-                                             detail::max_reject_private_data, "reject");
+                                             max_reject_private_data, "reject");
         !ok)
       return detail::fail(ok.error());
     auto core = std::move(core_);
@@ -149,8 +149,8 @@ class ConnReq {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_port"));
     return detail::port_of(rdma_get_peer_addr(core_->id.get()));
   }
-  /// The RDMA device the request arrived on (or leaves from), e.g. "rxe0".
-  /// Errors: inval when empty.
+  /// The RDMA device the request arrived on (or leaves from), e.g. "rxe0"; the view is
+  /// valid while the request lives. Errors: inval when empty.
   expected<std::string_view> device() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::device"));
     return std::string_view(core_->device);
@@ -164,6 +164,9 @@ class ConnReq {
  private:
   friend class Endpoint;
   friend class PendingConnReq;
+  static expected<PendingConnReq> start_as(const char* call, const Peer& peer,
+                                           std::string_view addr, std::string_view port,
+                                           const ConnConfig& config) noexcept;
   ConnReq(std::unique_ptr<detail::ConnectionCore> core, bool incoming) noexcept
       : core_(std::move(core)), incoming_(incoming) {}
 
@@ -236,7 +239,7 @@ class PendingConnReq {
         if (event.error() != errc::no_event) core_.reset();
         return detail::fail(event.error());
       }
-      auto step = handle(**event);
+      auto step = handle(call, **event);
       if (auto acked = detail::ack(*event); !acked && step) step = detail::fail(acked.error());
       if (!step) {
         core_.reset();
@@ -249,7 +252,7 @@ class PendingConnReq {
   }
 
   // One resolution event: true when the request is ready.
-  expected<bool> handle(const rdma_cm_event& event) noexcept {
+  expected<bool> handle(const char* call, const rdma_cm_event& event) noexcept {
     const detail::Provider& p = detail::provider();
     const auto type = event.event;
     if (stage_ == Stage::address && type == RDMA_CM_EVENT_ADDR_RESOLVED) {
@@ -263,10 +266,10 @@ class PendingConnReq {
       auto device = detail::device_name(core_->id->verbs);
       auto own = detail::device_name(core_->peer->context);
       if (device != own)
-        return detail::fail(detail::invalid("ConnReq::to",
+        return detail::fail(detail::invalid(call,
                                             "the address is reached through device {}, the peer is on {}",
                                             device, own));
-      return detail::no_throw("ConnReq::to", [&]() -> expected<bool> {
+      return detail::no_throw(call, [&]() -> expected<bool> {
         core_->device = std::string(device);
         if (auto made = detail::create_queues(*core_, core_->config); !made)
           return detail::fail(made.error());
@@ -285,7 +288,12 @@ class PendingConnReq {
 inline expected<PendingConnReq> ConnReq::start(const Peer& peer, std::string_view addr,
                                                std::string_view port,
                                                const ConnConfig& config) noexcept {
-  constexpr const char* call = "ConnReq::to";
+  return start_as("ConnReq::start", peer, addr, port, config);
+}
+
+inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& peer,
+                                                  std::string_view addr, std::string_view port,
+                                                  const ConnConfig& config) noexcept {
   if (!peer) return detail::fail(detail::moved_from(call));
   if (auto ok = detail::check_numeric_address(call, addr); !ok) return detail::fail(ok.error());
   auto number = detail::parse_port(call, port);
@@ -317,7 +325,7 @@ inline expected<PendingConnReq> ConnReq::start(const Peer& peer, std::string_vie
 
 inline expected<ConnReq> ConnReq::to(const Peer& peer, std::string_view addr,
                                      std::string_view port, const ConnConfig& config) noexcept {
-  auto pending = start(peer, addr, port, config);
+  auto pending = start_as("ConnReq::to", peer, addr, port, config);
   if (!pending) return detail::fail(pending.error());
   return std::move(*pending).wait();
 }

@@ -60,8 +60,9 @@ class Endpoint {
   /// (or the wildcard) and port through listen_shared, returns a new handle to that
   /// listener; otherwise listens as listen() does. The listener stops when its last handle
   /// goes. Port "0" always creates a listener (shared by later calls with its port).
-  /// A shared listener keeps the peers and options of its first caller.
-  /// Errors: as listen().
+  /// A shared listener keeps the peer and options (backlog) of its first caller.
+  /// Errors: as listen(); inval also when the device's port is already shared by a
+  /// listener bound to another address of that device.
   static expected<Endpoint> listen_shared(const Peer& peer, std::string_view addr,
                                           std::string_view port,
                                           const ListenOptions& options = {}) noexcept {
@@ -134,8 +135,8 @@ class Endpoint {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::service_id"));
     return detail::tcp_service_id(state_->port);
   }
-  /// The device a specific-address listener is bound to; "" for a wildcard listener.
-  /// Errors: inval when empty.
+  /// The device a specific-address listener is bound to; "" for a wildcard listener. The
+  /// view is valid while the Endpoint lives. Errors: inval when empty.
   expected<std::string_view> device() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::device"));
     return std::string_view(state_->device);

@@ -64,24 +64,27 @@ inline std::error_code make_error_code(errc code) noexcept {
 
 /// A failure: the errc, the provider's errno where a provider call failed (0 otherwise),
 /// the name of the failing call (a provider function such as "rdma_listen", or the rpmapp
-/// function that rejected its arguments) and a reason. A small value type: copying it
-/// never allocates or throws; a reason longer than max_reason bytes is truncated.
+/// function that rejected its arguments) and a reason. A value type of fixed size: copying
+/// it never allocates or throws.
+/// Thread safety: a const Error may be read from several threads.
 class Error {
  public:
+  static constexpr std::size_t max_call = 47;
   static constexpr std::size_t max_reason = 159;
 
   constexpr Error() noexcept = default;
-  /// `call` must point to a string with static storage duration (a literal).
-  Error(errc code, int sys_errno, const char* call, std::string_view reason = {}) noexcept
-      : code_(code), errno_(sys_errno), call_(call) {
-    set_reason(reason);
+  /// `call` and `reason` are copied (truncated to max_call and max_reason bytes).
+  Error(errc code, int sys_errno, std::string_view call, std::string_view reason = {}) noexcept
+      : code_(code), errno_(sys_errno) {
+    call_len_ = copy_truncated(call, call_, max_call);
+    reason_len_ = copy_truncated(reason, reason_, max_reason);
   }
 
   constexpr errc code() const noexcept { return code_; }
   /// The errno of the failed provider call, or 0.
   constexpr int sys_errno() const noexcept { return errno_; }
   /// The failing call's name, or "" when there is none.
-  constexpr std::string_view call() const noexcept { return call_ ? call_ : ""; }
+  std::string_view call() const noexcept { return {call_, call_len_}; }
   /// Why it failed, in words (may be empty).
   std::string_view reason() const noexcept { return {reason_, reason_len_}; }
 
@@ -115,9 +118,10 @@ class Error {
   }
 
  private:
-  void set_reason(std::string_view reason) noexcept {
-    reason_len_ = static_cast<unsigned char>(std::min(reason.size(), max_reason));
-    std::memcpy(reason_, reason.data(), reason_len_);
+  static unsigned char copy_truncated(std::string_view from, char* to, std::size_t max) noexcept {
+    const std::size_t len = std::min(from.size(), max);
+    if (len != 0) std::memcpy(to, from.data(), len);
+    return static_cast<unsigned char>(len);
   }
   // strerror_r comes in a GNU flavour (returns a pointer) and an XSI one (returns int).
   static const char* strerror_text(int value, char* buf, std::size_t len) noexcept {
@@ -130,8 +134,9 @@ class Error {
 
   errc code_ = errc::unknown;
   int errno_ = 0;
-  const char* call_ = nullptr;
+  unsigned char call_len_ = 0;
   unsigned char reason_len_ = 0;
+  char call_[max_call] = {};
   char reason_[max_reason] = {};
 };
 

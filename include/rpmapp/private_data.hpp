@@ -1,4 +1,4 @@
-// Viewing text as private data bytes.
+// Private data: the protocol's size limits, and viewing text as bytes.
 #pragma once
 
 #include <rpmapp/version.hpp>
@@ -8,6 +8,13 @@
 #include <string_view>
 
 RPMAPP_BEGIN_NAMESPACE
+
+/// Private data limits of RDMA_PS_TCP (the IB CM's REQ, REP and REJ message sizes minus the
+/// rdma_cm header), checked before anything is sent. rdma_cm delivers private data padded
+/// with zeros to these sizes.
+inline constexpr std::size_t max_connect_private_data = 56;
+inline constexpr std::size_t max_accept_private_data = 196;
+inline constexpr std::size_t max_reject_private_data = 196;
 
 /// The bytes of `text` (without a terminating NUL), for connect/accept/reject private data.
 inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {

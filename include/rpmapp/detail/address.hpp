@@ -69,6 +69,18 @@ inline expected<AddrInfo> get_addr_info(const std::string& node, const std::stri
   return AddrInfo(info);
 }
 
+/// The canonical text of a numeric address ("::0" -> "::"); "" when it is not numeric.
+inline std::string canonical_address(std::string_view addr) {
+  const std::string text(addr);
+  in6_addr storage{};
+  char out[INET6_ADDRSTRLEN] = "";
+  for (int family : {AF_INET, AF_INET6})
+    if (inet_pton(family, text.c_str(), &storage) == 1 &&
+        inet_ntop(family, &storage, out, sizeof out) != nullptr)
+      return out;
+  return {};
+}
+
 inline std::uint16_t port_of(const sockaddr* sa) noexcept {
   if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
   if (sa->sa_family == AF_INET6)

@@ -7,6 +7,7 @@
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/peer.hpp>
+#include <rpmapp/private_data.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -16,11 +17,6 @@
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
-
-/// RDMA_PS_TCP private data limits (the IB CM's REQ, REP and REJ sizes minus the rdma_cm header).
-inline constexpr std::size_t max_connect_private_data = 56;
-inline constexpr std::size_t max_accept_private_data = 196;
-inline constexpr std::size_t max_reject_private_data = 196;
 
 /// Member order is teardown order, reversed: the queue pair goes first, then the CQs and
 /// their channel, then the cm_id (rejected first if it is an unanswered request), then its

@@ -11,7 +11,7 @@ RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
 /// A failed provider call: ENOMEM is nomem, anything else provider.
-inline Error provider_error(const char* call, int sys_errno, std::string_view reason = {}) noexcept {
+inline Error provider_error(std::string_view call, int sys_errno, std::string_view reason = {}) noexcept {
   return Error(sys_errno == ENOMEM ? errc::nomem : errc::provider, sys_errno, call, reason);
 }
 

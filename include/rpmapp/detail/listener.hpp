@@ -41,6 +41,7 @@ struct ListenerState {
   EventChannel channel;
   CmId id;
   std::string device;  // "" for a wildcard listener
+  std::string address;
   std::uint16_t port = 0;
   bool shared = false;
 
@@ -126,6 +127,7 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   errno = 0;
   if (p.listen(id, options.backlog) != 0) return fail(provider_error("rdma_listen", errno));
   state->port = port_of(rdma_get_local_addr(id));
+  state->address = address_of(rdma_get_local_addr(id));
   return state;
 }
 
@@ -141,8 +143,14 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
   std::lock_guard lock(registry.mutex);
   if (*number != 0) {
     auto found = registry.listeners.find({device, *number});
-    if (found != registry.listeners.end())
-      if (auto existing = found->second.lock()) return existing;
+    if (found != registry.listeners.end()) {
+      if (auto existing = found->second.lock()) {
+        if (!device.empty() && existing->address != canonical_address(addr))
+          return fail(invalid(call, "port {} on device {} is already listened on at address {}",
+                              *number, device, existing->address));
+        return existing;
+      }
+    }
   }
   auto state = start_listening(call, std::span<const Peer>(&peer, 1), addr, port, options);
   if (!state) return state;
