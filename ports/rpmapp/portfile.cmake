@@ -1,0 +1,28 @@
+# vcpkg overlay port for rpmapp: builds the checkout this port lives in (ports/rpmapp/../..)
+# with Meson. Use: vcpkg install rpmapp --overlay-ports=<checkout>/ports
+# librdmacm and libibverbs come from the system (vcpkg has no rdma-core port):
+# Debian/Ubuntu: apt install librdmacm-dev libibverbs-dev; Fedora: dnf install rdma-core-devel.
+
+# Header-only: one configuration is enough, and nothing differs between debug and release.
+set(VCPKG_BUILD_TYPE release)
+
+get_filename_component(SOURCE_PATH "${CURRENT_PORT_DIR}/../.." ABSOLUTE)
+
+vcpkg_configure_meson(
+    SOURCE_PATH "${SOURCE_PATH}"
+    OPTIONS
+        -Dtests=disabled
+        -Dexamples=disabled
+        -Dbench=disabled
+        -Ddocs=disabled
+)
+vcpkg_install_meson()
+
+# share/cmake/rpmapp -> share/rpmapp, with PACKAGE_PREFIX_DIR corrected for the move
+vcpkg_cmake_config_fixup(CONFIG_PATH share/cmake/rpmapp)
+vcpkg_fixup_pkgconfig()
+
+# the license goes to share/rpmapp/copyright instead of share/licenses/rpmapp
+file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/share/licenses")
+file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
+vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")
