@@ -1,7 +1,7 @@
 // Benchmarks 2 and 3: connection setup on $SOFTROCE_IP, client and server threads in one
 // process, each implementation talking to its own server (servers.hpp):
 //   seq  K times: connect, established, disconnect, closed, close (the blocking APIs);
-//   conc K connections, C in flight at once: rpmapp ConnReq::start + PendingConnReq and
+//   conc K (at least 2C) connections, C in flight at once: rpmapp ConnReq::start + PendingConnReq and
 //        Conn fds in epoll; raw librdmacm async ids on one event channel; librpma with its
 //        blocking rpma_conn_req_new (resolution) and its conn fds in epoll (the baseline).
 // Usage: bench_connect seq  [reps] [K]
@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
                 rate(*s_raw, total, [&](int n) { for (int i = 0; i < n; ++i) seq_raw(raw_ch, pd); })});
   } else {
     for (int c : inflights) {
-      const int n = std::max(total, c);
+      const int n = std::max(total, 2 * c);  // at least two generations of C
       interleave("conc", "C=" + std::to_string(c), "conn/s", reps,
                  {rate(*s_rpmapp, n, [&, c](int k) { conc_rpmapp(peer, k, c); }),
                   rate(*s_librpma, n, [&, c](int k) { conc_librpma(rpeer, k, c); }),

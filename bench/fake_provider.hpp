@@ -1,0 +1,323 @@
+// A minimal deterministic fake of the provider seam (rpmapp::detail::Provider) for
+// counting instructions of the control path under callgrind. It never allocates: every
+// object comes from a fixed pool, events go through a small queue per event channel, and
+// every call that succeeds in real life succeeds here. Each call appends its number to
+// `trace` so that a benchmark can check that two call sequences made the same calls.
+// Single-threaded. Independent of tests/unit (whose fake may change).
+#pragma once
+
+#include <rpmapp/detail/provider.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace bench::fake {
+
+enum Call : unsigned char {
+  c_create_event_channel, c_destroy_event_channel, c_create_id, c_destroy_id, c_getaddrinfo,
+  c_freeaddrinfo, c_bind_addr, c_listen, c_resolve_addr, c_resolve_route, c_get_cm_event,
+  c_ack_cm_event, c_migrate_id, c_create_qp, c_destroy_qp, c_accept, c_reject, c_connect,
+  c_disconnect, c_alloc_pd, c_dealloc_pd, c_create_comp_channel, c_destroy_comp_channel,
+  c_create_cq, c_destroy_cq, c_req_notify_cq, c_poll,
+};
+
+inline constexpr int pool_size = 8;
+inline constexpr int queue_size = 8;
+inline constexpr int fd_base = 1000;
+
+struct Queued {
+  rdma_cm_id* id;
+  rdma_cm_event_type type;
+};
+
+struct Channel {
+  rdma_event_channel channel;
+  bool used;
+  int head, count;
+  Queued queue[queue_size];
+};
+
+struct World {
+  ibv_device device;
+  ibv_context context;
+  ibv_pd pd;
+  ibv_comp_channel comp_channel;
+  ibv_cq cq;
+  ibv_qp qp;
+  Channel channels[pool_size];
+  rdma_cm_id ids[pool_size];
+  bool id_used[pool_size];
+  rdma_cm_event events[pool_size];
+  bool event_used[pool_size];
+  unsigned char private_data[56];
+  sockaddr_in src, dst;
+  rdma_addrinfo info;
+  unsigned short next_port;
+  rdma_cm_id* listener;  // the last id that listened
+  unsigned char trace[256];
+  int trace_len;
+};
+
+inline World world;
+
+inline void note(Call c) {
+  if (world.trace_len < static_cast<int>(sizeof world.trace)) world.trace[world.trace_len] = c;
+  ++world.trace_len;
+}
+
+inline void reset() {
+  std::memset(&world, 0, sizeof world);
+  std::strcpy(world.device.name, "fake0");
+  world.context.device = &world.device;
+  world.pd.context = &world.context;
+  world.cq.context = &world.context;
+  world.qp.qp_num = 42;
+  world.next_port = 20000;
+  for (int i = 0; i < pool_size; ++i) world.channels[i].channel.fd = fd_base + i;
+}
+
+inline Channel& channel_of(rdma_event_channel* ch) { return world.channels[ch->fd - fd_base]; }
+
+inline void push(rdma_event_channel* ch, rdma_cm_id* id, rdma_cm_event_type type) {
+  Channel& c = channel_of(ch);
+  if (c.count == queue_size) std::abort();
+  c.queue[(c.head + c.count++) % queue_size] = {id, type};
+}
+
+inline rdma_cm_id* new_id(rdma_event_channel* ch) {
+  for (int i = 0; i < pool_size; ++i) {
+    if (!world.id_used[i]) {
+      world.id_used[i] = true;
+      rdma_cm_id* id = &world.ids[i];
+      std::memset(id, 0, sizeof *id);
+      id->channel = ch;
+      id->ps = RDMA_PS_TCP;
+      return id;
+    }
+  }
+  std::abort();
+}
+
+/// A client's CONNECT_REQUEST arrives on `listener`'s channel.
+inline void incoming(rdma_cm_id* listener) {
+  rdma_cm_id* id = new_id(listener->channel);
+  id->verbs = &world.context;
+  push(listener->channel, id, RDMA_CM_EVENT_CONNECT_REQUEST);
+}
+
+inline const rpmapp::detail::Provider provider = {
+    // create_event_channel
+    []() -> rdma_event_channel* {
+      note(c_create_event_channel);
+      for (auto& c : world.channels)
+        if (!c.used) {
+          c.used = true;
+          c.head = c.count = 0;
+          return &c.channel;
+        }
+      errno = EMFILE;
+      return nullptr;
+    },
+    // destroy_event_channel
+    [](rdma_event_channel* ch) {
+      note(c_destroy_event_channel);
+      channel_of(ch).used = false;
+    },
+    // create_id
+    [](rdma_event_channel* ch, rdma_cm_id** out, void* ctx, rdma_port_space) {
+      note(c_create_id);
+      *out = new_id(ch);
+      (*out)->context = ctx;
+      return 0;
+    },
+    // destroy_id
+    [](rdma_cm_id* id) {
+      note(c_destroy_id);
+      world.id_used[id - world.ids] = false;
+      return 0;
+    },
+    // getaddrinfo: numeric IPv4 only, which is all the benchmark uses
+    [](const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
+      note(c_getaddrinfo);
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(static_cast<unsigned short>(service ? std::atoi(service) : 0));
+      if (inet_pton(AF_INET, node, &sa.sin_addr) != 1) {
+        errno = EINVAL;
+        return -1;
+      }
+      rdma_addrinfo& info = world.info;
+      info = rdma_addrinfo{};
+      info.ai_flags = hints->ai_flags;
+      info.ai_family = AF_INET;
+      info.ai_port_space = RDMA_PS_TCP;
+      if (hints->ai_flags & RAI_PASSIVE) {
+        world.src = sa;
+        info.ai_src_addr = reinterpret_cast<sockaddr*>(&world.src);
+        info.ai_src_len = sizeof sa;
+      } else {
+        world.dst = sa;
+        info.ai_dst_addr = reinterpret_cast<sockaddr*>(&world.dst);
+        info.ai_dst_len = sizeof sa;
+      }
+      *res = &info;
+      return 0;
+    },
+    // freeaddrinfo
+    [](rdma_addrinfo*) { note(c_freeaddrinfo); },
+    // bind_addr: a specific address binds to the fake device; port 0 gets a port
+    [](rdma_cm_id* id, sockaddr* sa) {
+      note(c_bind_addr);
+      auto* in = reinterpret_cast<sockaddr_in*>(&id->route.addr.src_addr);
+      std::memcpy(in, sa, sizeof *in);
+      if (in->sin_port == 0) in->sin_port = htons(world.next_port);
+      if (in->sin_addr.s_addr != 0) id->verbs = &world.context;
+      return 0;
+    },
+    // listen
+    [](rdma_cm_id* id, int) {
+      note(c_listen);
+      world.listener = id;
+      return 0;
+    },
+    // resolve_addr
+    [](rdma_cm_id* id, sockaddr*, sockaddr* dst, int) {
+      note(c_resolve_addr);
+      std::memcpy(&id->route.addr.dst_addr, dst, sizeof(sockaddr_in));
+      id->verbs = &world.context;
+      push(id->channel, id, RDMA_CM_EVENT_ADDR_RESOLVED);
+      return 0;
+    },
+    // resolve_route
+    [](rdma_cm_id* id, int) {
+      note(c_resolve_route);
+      push(id->channel, id, RDMA_CM_EVENT_ROUTE_RESOLVED);
+      return 0;
+    },
+    // get_cm_event: EAGAIN when the channel is empty (as on a non-blocking fd)
+    [](rdma_event_channel* ch, rdma_cm_event** out) {
+      note(c_get_cm_event);
+      Channel& c = channel_of(ch);
+      if (c.count == 0) {
+        errno = EAGAIN;
+        return -1;
+      }
+      Queued q = c.queue[c.head];
+      c.head = (c.head + 1) % queue_size;
+      --c.count;
+      for (int i = 0; i < pool_size; ++i) {
+        if (!world.event_used[i]) {
+          world.event_used[i] = true;
+          rdma_cm_event* e = &world.events[i];
+          std::memset(e, 0, sizeof *e);
+          e->id = q.id;
+          e->event = q.type;
+          if (q.type == RDMA_CM_EVENT_CONNECT_REQUEST || q.type == RDMA_CM_EVENT_ESTABLISHED) {
+            e->param.conn.private_data = world.private_data;
+            e->param.conn.private_data_len = q.type == RDMA_CM_EVENT_CONNECT_REQUEST ? 56 : 0;
+          }
+          *out = e;
+          return 0;
+        }
+      }
+      std::abort();
+    },
+    // ack_cm_event
+    [](rdma_cm_event* e) {
+      note(c_ack_cm_event);
+      world.event_used[e - world.events] = false;
+      return 0;
+    },
+    // migrate_id
+    [](rdma_cm_id* id, rdma_event_channel* ch) {
+      note(c_migrate_id);
+      id->channel = ch;
+      return 0;
+    },
+    // create_qp
+    [](rdma_cm_id* id, ibv_pd*, ibv_qp_init_attr*) {
+      note(c_create_qp);
+      id->qp = &world.qp;
+      return 0;
+    },
+    // destroy_qp
+    [](rdma_cm_id* id) {
+      note(c_destroy_qp);
+      id->qp = nullptr;
+    },
+    // accept
+    [](rdma_cm_id* id, rdma_conn_param*) {
+      note(c_accept);
+      push(id->channel, id, RDMA_CM_EVENT_ESTABLISHED);
+      return 0;
+    },
+    // reject
+    [](rdma_cm_id*, const void*, uint8_t) {
+      note(c_reject);
+      return 0;
+    },
+    // connect
+    [](rdma_cm_id* id, rdma_conn_param*) {
+      note(c_connect);
+      push(id->channel, id, RDMA_CM_EVENT_ESTABLISHED);
+      return 0;
+    },
+    // disconnect
+    [](rdma_cm_id* id) {
+      note(c_disconnect);
+      push(id->channel, id, RDMA_CM_EVENT_DISCONNECTED);
+      return 0;
+    },
+    // alloc_pd
+    [](ibv_context*) -> ibv_pd* {
+      note(c_alloc_pd);
+      return &world.pd;
+    },
+    // dealloc_pd
+    [](ibv_pd*) {
+      note(c_dealloc_pd);
+      return 0;
+    },
+    // create_comp_channel
+    [](ibv_context*) -> ibv_comp_channel* {
+      note(c_create_comp_channel);
+      return &world.comp_channel;
+    },
+    // destroy_comp_channel
+    [](ibv_comp_channel*) {
+      note(c_destroy_comp_channel);
+      return 0;
+    },
+    // create_cq
+    [](ibv_context*, int, void*, ibv_comp_channel*, int) -> ibv_cq* {
+      note(c_create_cq);
+      return &world.cq;
+    },
+    // destroy_cq
+    [](ibv_cq*) {
+      note(c_destroy_cq);
+      return 0;
+    },
+    // req_notify_cq
+    [](ibv_cq*, int) {
+      note(c_req_notify_cq);
+      return 0;
+    },
+    // poll: readable when the channel has a queued event; never blocks
+    [](pollfd* fds, nfds_t n, int) {
+      note(c_poll);
+      int ready = 0;
+      for (nfds_t i = 0; i < n; ++i) {
+        const int idx = fds[i].fd - fd_base;
+        fds[i].revents = idx >= 0 && idx < pool_size && world.channels[idx].count > 0 ? POLLIN : 0;
+        if (fds[i].revents) ++ready;
+      }
+      return ready;
+    },
+};
+
+}  // namespace bench::fake

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Turns the R/M lines of the bench programs into the results table (bench/run calls it).
+
+R lines: R, bench, param, metric, variant, rep, value (one repetition of one variant).
+M lines: M, key, value (machine and run facts).
+Ratios are paired: rpmapp's value in repetition i over the anchor's value in the same
+repetition i (the variants ran back to back), then the median and the range of those.
+
+Usage: report.py FILE.tsv... [--doc docs/performance.md --notes bench/performance-notes.md]
+"""
+import argparse
+import statistics
+import sys
+from collections import OrderedDict
+
+BENCH_NAMES = {
+    "listen": "1. listen + shutdown",
+    "seq": "2. sequential setup",
+    "conc": "3. concurrent setup",
+    "instr": "4. control path, fake provider",
+    "compile": "5. compile cost",
+}
+ORDER = ["listen", "seq", "conc", "instr", "compile"]
+
+
+def read(files):
+    groups, meta = OrderedDict(), OrderedDict()
+    for name in files:
+        with open(name) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if parts[0] == "M" and len(parts) == 3:
+                    meta[parts[1]] = parts[2]
+                elif parts[0] == "R" and len(parts) == 7:
+                    _, bench, param, metric, variant, rep, value = parts
+                    g = groups.setdefault((bench, param, metric), {})
+                    g.setdefault(variant, {})[int(rep)] = float(value)
+    return groups, meta
+
+
+def fmt_value(v):
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} M"
+    if v >= 1e4:
+        return f"{v / 1e3:.1f} k"
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def summary(values):
+    """median and relative spread ((max - min) / median) of one variant's repetitions."""
+    vals = list(values.values())
+    med = statistics.median(vals)
+    spread = (max(vals) - min(vals)) / med * 100 if med and len(vals) > 1 else 0.0
+    return med, spread
+
+
+def paired(a, b):
+    reps = sorted(set(a) & set(b))
+    ratios = [a[r] / b[r] for r in reps if b[r]]
+    if not ratios:
+        return None
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def verdict(ratio, higher_better):
+    """'slower' / 'faster' when the median is more than 3% off, 'clearly' when every pair agrees."""
+    if ratio is None:
+        return ""
+    med, lo, hi = ratio
+    worse = med < 0.97 if higher_better else med > 1.03
+    better = med > 1.03 if higher_better else med < 0.97
+    if not worse and not better:
+        return "same"
+    if worse:
+        clear = hi < 1 if higher_better else lo > 1
+        return "slower" + (" (every rep)" if clear else "")
+    clear = lo > 1 if higher_better else hi < 1
+    return "faster" + (" (every rep)" if clear else "")
+
+
+def rows(groups):
+    out = []
+    keys = sorted(groups, key=lambda k: (ORDER.index(k[0]) if k[0] in ORDER else 99))
+    for key in keys:
+        bench, param, metric = key
+        g = groups[key]
+        if "rpmapp" not in g:
+            continue
+        higher_better = metric == "conn/s"
+        second = "hand" if "hand" in g else "raw"
+        cells = {}
+        for v in ("rpmapp", "librpma", second):
+            if v in g:
+                med, spread = summary(g[v])
+                n = len(g[v])
+                cells[v] = fmt_value(med) + (f" ±{spread / 2:.0f}%" if n > 1 else "")
+            else:
+                cells[v] = "—"
+        r1 = paired(g["rpmapp"], g["librpma"]) if "librpma" in g else None
+        r2 = paired(g["rpmapp"], g[second]) if second in g else None
+
+        def show(r):
+            if r is None:
+                return "—"
+            med, lo, hi = r
+            return f"{med:.2f}" if lo == hi else f"{med:.2f} [{lo:.2f}–{hi:.2f}]"
+
+        what = BENCH_NAMES.get(bench, bench) + ("" if param == "-" else f", {param}")
+        second_label = "hand-written" if second == "hand" else "raw"
+        out.append({
+            "what": what, "metric": metric + (" ↑" if higher_better else " ↓"),
+            "rpmapp": cells["rpmapp"], "librpma": cells["librpma"],
+            "raw": cells[second] + (" (hand)" if second == "hand" else ""),
+            "r_librpma": show(r1), "r_raw": show(r2),
+            "v_librpma": verdict(r1, higher_better), "v_raw": verdict(r2, higher_better),
+            "second": second_label,
+        })
+    return out
+
+
+HEADER = ["benchmark", "metric", "rpmapp", "librpma", "raw librdmacm", "rpmapp/librpma",
+          "rpmapp/raw"]
+
+
+def markdown(table):
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for r in table:
+        lines.append("| " + " | ".join([
+            r["what"], r["metric"], r["rpmapp"], r["librpma"], r["raw"],
+            f'{r["r_librpma"]} {r["v_librpma"]}'.strip(), f'{r["r_raw"]} {r["v_raw"]}'.strip(),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def slower_list(table):
+    items = []
+    for r in table:
+        for anchor, v, ratio in (("librpma", r["v_librpma"], r["r_librpma"]),
+                                 (r["second"], r["v_raw"], r["r_raw"])):
+            if v.startswith("slower"):
+                items.append(f"- {r['what']} ({r['metric'][:-2]}): slower than {anchor}, "
+                             f"ratio {ratio}{' in every repetition' if 'every' in v else ''}")
+    return items
+
+
+LEGEND = """Values: median of the repetitions, ± half their range in % of the median. Ratios:
+rpmapp's value over the anchor's in the same repetition (the variants ran back to back,
+rotating which went first), median [min–max] of those paired ratios. ↑ = higher is better
+(connections/s: a ratio above 1 means rpmapp is faster), ↓ = lower is better (ns, Ir,
+seconds, MB: a ratio below 1 means rpmapp is cheaper). "slower"/"faster" marks a median more
+than 3% off 1; "(every rep)" when every paired ratio agrees. Row 4 compares rpmapp with a
+hand-written sequence making the same provider calls through the same fake (its column is
+"raw librdmacm"); row 5 compares with librpma only."""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--doc")
+    ap.add_argument("--notes")
+    args = ap.parse_args()
+    groups, meta = read(args.files)
+    table = rows(groups)
+    md = markdown(table)
+    print(md)
+    slow = slower_list(table)
+    print("\nwhere rpmapp is slower:" if slow else "\nrpmapp is nowhere slower than 3%.")
+    for s in slow:
+        print(s)
+    if not args.doc:
+        return 0
+    notes = open(args.notes).read() if args.notes else ""
+    machine = [
+        f"- Date: {meta.get('date', '?')}, commit {meta.get('commit', '?')}",
+        f"- Host: {meta.get('cpu', '?')}, {meta.get('host_cpus', '?')} cores shared with other "
+        f"jobs, kernel {meta.get('host_kernel', '?')}, {meta.get('compiler', '?')}",
+        f"- RDMA (rows 1-3): {meta.get('rdma_device', '?')}, guest kernel "
+        f"{meta.get('guest_kernel', '?')}, {meta.get('guest_cpus', '?')} vCPUs. The VM runs "
+        "under TCG (software emulation, no KVM on this host): CPU-bound work runs about 5x "
+        "slower than on the host, so absolute numbers say little about real hardware; the "
+        "ratios are what to read.",
+        "- Rows 4-5 ran on the host.",
+        f"- Parameters: {meta.get('params', '?')}",
+        f"- Whole run (build included): {meta.get('elapsed', '?')} s",
+    ]
+    with open(args.doc, "w") as f:
+        f.write("# Performance\n\n")
+        f.write("Generated by `bench/run` (see [benchmarks.md](benchmarks.md)); do not edit by "
+                "hand, rerun it. The explanations after the table are kept in "
+                "`bench/performance-notes.md`.\n\n")
+        f.write("## Machine\n\n" + "\n".join(machine) + "\n\n")
+        f.write("## Results\n\n" + md + "\n\n" + LEGEND + "\n\n")
+        f.write("## Where rpmapp is slower in this run\n\n")
+        f.write("\n".join(slow) + "\n\n" if slow else "Nowhere by more than 3%.\n\n")
+        f.write(notes)
+    print(f"\nwrote {args.doc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
