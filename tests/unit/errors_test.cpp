@@ -1,0 +1,128 @@
+// rpmapp::Error and errc: values, messages, std::error_code and fmt.
+#include "test_util.hpp"
+
+#include <fmt/format.h>
+
+#include <set>
+#include <system_error>
+
+using namespace test;
+
+TEST_CASE("errc values equal librpma's RPMA_E_* codes", "[error]") {
+  CHECK(static_cast<int>(errc::unknown) == -100000);
+  CHECK(static_cast<int>(errc::nosupp) == -100001);
+  CHECK(static_cast<int>(errc::provider) == -100002);
+  CHECK(static_cast<int>(errc::nomem) == -100003);
+  CHECK(static_cast<int>(errc::inval) == -100004);
+  CHECK(static_cast<int>(errc::no_completion) == -100005);
+  CHECK(static_cast<int>(errc::no_event) == -100006);
+  CHECK(static_cast<int>(errc::again) == -100007);
+  CHECK(static_cast<int>(errc::shared_channel) == -100008);
+  CHECK(static_cast<int>(errc::not_shared_chnl) == -100009);
+}
+
+TEST_CASE("every errc has its own text", "[error]") {
+  std::set<std::string> texts;
+  for (int v = -100009; v <= -100000; ++v) {
+    auto text = str(to_string(static_cast<errc>(v)));
+    CHECK(!text.empty());
+    CHECK(text != "unrecognized error code");
+    texts.insert(text);
+  }
+  CHECK(texts.size() == 10);
+  CHECK(str(to_string(static_cast<errc>(42))) == "unrecognized error code");
+}
+
+TEST_CASE("Error::message names the call, the errno text and the reason", "[error]") {
+  Error e(errc::provider, EADDRINUSE, "rdma_listen", "port 7471");
+  CHECK(e.code() == errc::provider);
+  CHECK(e.sys_errno() == EADDRINUSE);
+  CHECK(e.call() == "rdma_listen");
+  CHECK(e.reason() == "port 7471");
+  CHECK(e.message() ==
+        fmt::format("rdma_listen: provider error: {} (errno {}): port 7471",
+                    std::generic_category().message(EADDRINUSE), EADDRINUSE));
+
+  SECTION("no errno, no reason") {
+    Error inval(errc::inval, 0, "Endpoint::listen");
+    CHECK(inval.message() == "Endpoint::listen: invalid argument");
+  }
+  SECTION("no call") {
+    Error bare(errc::no_event, 0, "");
+    CHECK(bare.call() == "");
+    CHECK(bare.message() == "no next event available");
+  }
+  SECTION("default constructed") {
+    Error none;
+    CHECK(none.code() == errc::unknown);
+    CHECK(none.sys_errno() == 0);
+    CHECK(none.message() == "unknown error");
+  }
+  SECTION("a long reason is truncated, not overflowed") {
+    std::string reason(500, 'x');
+    Error long_one(errc::inval, 0, "f", reason);
+    CHECK(long_one.reason().size() == Error::max_reason);
+    CHECK(long_one.reason() == std::string(Error::max_reason, 'x'));
+  }
+}
+
+TEST_CASE("Error compares by value and with an errc", "[error]") {
+  Error a(errc::provider, EIO, "rdma_listen", "x");
+  Error b = a;
+  CHECK(a == b);
+  CHECK(a == errc::provider);
+  CHECK_FALSE(a == errc::inval);
+  CHECK_FALSE(a == Error(errc::provider, EIO, "rdma_listen", "y"));
+  CHECK_FALSE(a == Error(errc::provider, EPERM, "rdma_listen", "x"));
+  CHECK_FALSE(a == Error(errc::provider, EIO, "rdma_bind_addr", "x"));
+}
+
+TEST_CASE("errc and Error interoperate with std::error_code", "[error]") {
+  std::error_code ec = errc::inval;  // is_error_code_enum
+  CHECK(ec.category().name() == std::string("rpmapp"));
+  CHECK(ec.value() == -100004);
+  CHECK(ec.message() == "invalid argument");
+  CHECK(ec == make_error_code(errc::inval));
+  CHECK(&ec.category() == &rpmapp_category());
+
+  Error e(errc::provider, EADDRINUSE, "rdma_listen");
+  CHECK(e.error_code() == errc::provider);
+  CHECK(e.system_error_code() == std::error_code(EADDRINUSE, std::system_category()));
+  CHECK(e.system_error_code() == std::errc::address_in_use);
+  CHECK(Error(errc::inval, 0, "f").system_error_code().value() == 0);
+}
+
+TEST_CASE("fmt formats Error and errc", "[error]") {
+  Error e(errc::provider, EIO, "rdma_connect", "why");
+  CHECK(fmt::format("{}", e) == e.message());
+  CHECK(fmt::format("[{}]", errc::no_event) == "[no next event available]");
+  CHECK(fmt::format("{:>15}", errc::nomem) == "  out of memory");
+}
+
+TEST_CASE("Error is a small value type that does not allocate", "[error]") {
+  STATIC_REQUIRE(std::is_nothrow_copy_constructible_v<Error>);
+  STATIC_REQUIRE(std::is_trivially_copyable_v<Error>);
+  STATIC_REQUIRE(sizeof(Error) <= 256);
+}
+
+TEST_CASE("expected_backend matches the build", "[error]") {
+#if defined(RPMAPP_USE_STD_EXPECTED)
+  CHECK(str(expected_backend) == "std");
+  STATIC_REQUIRE(std::is_same_v<expected<int>, std::expected<int, Error>>);
+#else
+  CHECK(str(expected_backend) == "tl");
+  STATIC_REQUIRE(std::is_same_v<expected<int>, tl::expected<int, Error>>);
+#if defined(__cpp_lib_expected) && !defined(RPMAPP_USE_TL_EXPECTED)
+  FAIL("the standard library has std::expected but the tl back end was chosen");
+#endif
+#endif
+}
+
+TEST_CASE("a provider ENOMEM is nomem, other errnos are provider", "[error]") {
+  auto nomem = detail::provider_error("ibv_create_cq", ENOMEM);
+  CHECK(nomem.code() == errc::nomem);
+  CHECK(nomem.sys_errno() == ENOMEM);
+  auto other = detail::provider_error("ibv_create_cq", EINVAL);
+  CHECK(other.code() == errc::provider);
+  CHECK(other.call() == "ibv_create_cq");
+}

@@ -1,0 +1,184 @@
+// An in-memory fake of rpmapp's provider seam (detail::Provider) for the unit tests.
+//
+// - Two fake devices, "fake0" owning 169.254.77.1 and "fake1" owning 169.254.78.1; an
+//   address in 169.254.77.0/24 is reached through fake0, one in 169.254.78.0/24 through
+//   fake1, anything else is unreachable (ADDR_ERROR, EHOSTUNREACH).
+// - Event channels have fd numbers (1000, 1001, ...) that only the fake poll() knows:
+//   readable when the channel's queue is not empty.
+// - Every create/destroy pair is counted per kind; destroying something that is not alive,
+//   destroying a cm_id with unacknowledged events or a live queue pair, destroying a
+//   channel with cm_ids still on it, blocking forever on an empty channel... is recorded
+//   as a failure. expect_clean() checks that nothing is alive and nothing failed.
+// - fail(name, errno, nth) makes the nth next call of `name` fail the way the real call
+//   does (-1 + errno, NULL + errno, or the errno as the return value for ibv_destroy_*,
+//   ibv_dealloc_pd and ibv_req_notify_cq). An injected failure of a release call still
+//   releases the resource, so that the accounting checks the library, not the provider.
+// - calls() is the log of provider call names, in order.
+#pragma once
+
+#include <rpmapp/detail/provider.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fake {
+
+inline constexpr int device_count = 2;
+
+/// What a CONNECT_REQUEST injected into a listener carries.
+struct Request {
+  int device = 0;                 ///< index of the device it arrives on
+  std::string private_data;       ///< sent by the "client" (delivered padded to 56 bytes)
+  std::string peer = "169.254.77.2";
+  std::uint16_t peer_port = 40000;
+};
+
+/// Private data the library sent with rdma_accept / rdma_reject / rdma_connect.
+struct Sent {
+  rdma_cm_id* id;
+  std::vector<std::byte> data;
+  std::string text() const;  ///< the bytes as a string
+};
+
+class FakeProvider {
+ public:
+  FakeProvider();   // installs itself as the provider
+  ~FakeProvider();  // restores the previous provider
+  FakeProvider(const FakeProvider&) = delete;
+  FakeProvider& operator=(const FakeProvider&) = delete;
+
+  static FakeProvider& current();
+
+  // ---- devices
+  ibv_context* context(int device);
+  static std::string address(int device);  ///< "169.254.77.1" / "169.254.78.1"
+
+  // ---- fault injection and the call log
+  /// The `nth` next call named `call` (e.g. "rdma_listen") fails with `err`.
+  void fail(std::string call, int err, int nth = 1);
+  /// How many injected failures have not fired yet.
+  std::size_t pending_faults() const { return faults_.size(); }
+  const std::vector<std::string>& calls() const { return calls_; }
+  std::size_t mark() const { return calls_.size(); }
+  std::vector<std::string> calls_since(std::size_t mark) const;
+  void clear_calls() { calls_.clear(); }
+
+  // ---- events
+  /// Queues a CONNECT_REQUEST on the listening channel with fd `listener_fd`.
+  void inject_connect_request(int listener_fd, const Request& request);
+  /// Queues `type` for the (only) cm_id on the channel with fd `fd`. Private data is padded
+  /// as rdma_cm does (196 bytes for ESTABLISHED and REJECTED) unless `pad` is false.
+  void inject_event(int fd, rdma_cm_event_type type, std::string_view private_data = {},
+                    int status = 0, bool pad = true);
+  /// Events queued (not yet taken) on the channel with fd `fd`.
+  std::size_t queued(int fd) const;
+  /// Marks the channel with fd `fd` non-blocking (O_NONBLOCK on a real fd).
+  void set_nonblocking(int fd, bool on = true);
+
+  /// When false, rdma_resolve_addr/rdma_resolve_route queue nothing until deliver_held().
+  bool auto_resolve = true;
+  void deliver_held();
+  /// The event rdma_resolve_addr / rdma_resolve_route queue (ADDR_ERROR etc. to test errors).
+  rdma_cm_event_type addr_event = RDMA_CM_EVENT_ADDR_RESOLVED;
+  int addr_status = 0;
+  rdma_cm_event_type route_event = RDMA_CM_EVENT_ROUTE_RESOLVED;
+  int route_status = 0;
+
+  // ---- what was sent
+  std::vector<Sent> accepts, rejects, connects;
+  std::vector<rdma_cm_id*> disconnects;
+  std::vector<int> backlogs;  ///< rdma_listen's backlog argument, per call
+  /// The protection domain each queue pair was created with, by qp_num.
+  std::map<std::uint32_t, ibv_pd*> qp_pd;
+  ibv_qp_init_attr last_qp_attr{};
+  rdma_conn_param last_conn_param{};
+
+  // ---- accounting
+  /// Live resources of `kind`: "event_channel", "cm_id", "qp", "cq", "comp_channel", "pd",
+  /// "addrinfo", "unacked_event".
+  long alive(const std::string& kind) const;
+  /// Everything still alive and every recorded misuse, one per line; "" when clean.
+  std::string problems() const;
+  const std::vector<std::string>& failures() const { return failures_; }
+  /// CHECKs (Catch2) that problems() is empty.
+  void expect_clean() const;
+  /// Whether `id` is a live cm_id (and has not been destroyed).
+  bool id_alive(const rdma_cm_id* id) const { return ids_.count(const_cast<rdma_cm_id*>(id)) != 0; }
+
+  // ---- the provider functions (public for the Provider table)
+  struct Impl;
+
+ private:
+  struct Channel {
+    std::deque<rdma_cm_event*> queue;
+    bool nonblocking = false;
+  };
+  struct IdInfo {
+    bool bound = false;
+    bool listening = false;
+    std::uint16_t port = 0;
+    int device = -1;
+  };
+  struct EventData {  // owns an event's private data and, for a request, its child cm_id
+    std::vector<std::byte> data;
+    rdma_cm_id* child = nullptr;
+  };
+
+  bool injected(const char* call, int& err);
+  void note(std::string what) { failures_.push_back(std::move(what)); }
+  void created(const std::string& kind) { ++alive_[kind]; }
+  void destroyed(const std::string& kind) { --alive_[kind]; }
+  int device_of_context(const ibv_context* ctx) const;
+  Channel* channel_by_fd(int fd, rdma_event_channel** out = nullptr);
+  rdma_cm_event* make_event(rdma_cm_id* id, rdma_cm_event_type type, std::string_view data,
+                            std::size_t pad_to, int status);
+  void queue_event(rdma_event_channel* ch, rdma_cm_event* ev);
+  void discard_event(rdma_cm_event* ev);
+  int resolve_device(const sockaddr* dst) const;
+
+  struct Fault {
+    std::string call;
+    int err;
+    int remaining;
+  };
+  std::vector<Fault> faults_;
+  std::vector<std::string> calls_;
+  std::vector<std::string> failures_;
+  std::map<std::string, long> alive_;
+
+  ibv_device devices_[device_count]{};
+  ibv_context contexts_[device_count]{};
+
+  std::map<rdma_event_channel*, Channel> channels_;
+  std::map<rdma_cm_id*, IdInfo> ids_;
+  std::map<rdma_cm_event*, EventData> events_;  // queued or delivered
+  std::set<rdma_cm_event*> unacked_;
+  std::set<ibv_qp*> qps_;
+  std::set<ibv_cq*> cqs_;
+  std::set<ibv_comp_channel*> comp_channels_;
+  std::set<ibv_pd*> pds_;
+  std::set<rdma_addrinfo*> addrinfos_;
+  std::vector<std::pair<rdma_event_channel*, rdma_cm_event*>> held_;
+  int next_fd_ = 1000;
+  std::uint16_t next_port_ = 50000;
+  std::uint32_t next_qp_num_ = 100;
+
+  std::unique_ptr<rpmapp::detail::ProviderOverride> override_;
+};
+
+/// The names of provider calls that return void: they cannot be made to fail.
+bool cannot_fail(std::string_view call);
+
+/// For a call log: each call with the number of its occurrence (1-based) among the calls
+/// of the same name, skipping those that cannot fail.
+std::vector<std::pair<std::string, int>> failable_calls(const std::vector<std::string>& log);
+
+}  // namespace fake

@@ -1,0 +1,90 @@
+// The fake provider itself: accounting, fault injection and events behave as documented,
+// so that the other tests can trust it.
+#include "test_util.hpp"
+
+using namespace test;
+using rpmapp::detail::provider;
+
+TEST_CASE("fake: create/destroy pairs are counted and misuse is recorded", "[fake]") {
+  fake::FakeProvider fake;
+  auto* ch = provider().create_event_channel();
+  REQUIRE(ch != nullptr);
+  CHECK(fake.alive("event_channel") == 1);
+  CHECK(fake.problems() == "event_channel: 1 alive\n");
+  provider().destroy_event_channel(ch);
+  CHECK(fake.problems() == "");
+  auto* pd = provider().alloc_pd(fake.context(1));
+  REQUIRE(pd != nullptr);
+  CHECK(provider().dealloc_pd(pd) == 0);
+  CHECK(provider().dealloc_pd(pd) == EINVAL);  // twice
+  REQUIRE(fake.failures().size() == 1);
+  CHECK(fake.failures()[0] == "ibv_dealloc_pd: pd not alive");
+  CHECK(fake.calls() == std::vector<std::string>{"rdma_create_event_channel",
+                                                 "rdma_destroy_event_channel", "ibv_alloc_pd",
+                                                 "ibv_dealloc_pd", "ibv_dealloc_pd"});
+}
+
+TEST_CASE("fake: injected failures follow each call's convention", "[fake]") {
+  fake::FakeProvider fake;
+  fake.fail("rdma_create_event_channel", EMFILE);
+  errno = 0;
+  CHECK(provider().create_event_channel() == nullptr);
+  CHECK(errno == EMFILE);
+
+  fake.fail("rdma_create_id", EPERM, 2);  // the second call
+  rdma_cm_id* a = nullptr;
+  rdma_cm_id* b = nullptr;
+  CHECK(provider().create_id(nullptr, &a, nullptr, RDMA_PS_TCP) == 0);
+  errno = 0;
+  CHECK(provider().create_id(nullptr, &b, nullptr, RDMA_PS_TCP) == -1);
+  CHECK(errno == EPERM);
+  CHECK(b == nullptr);
+
+  auto* pd = provider().alloc_pd(fake.context(0));
+  fake.fail("ibv_dealloc_pd", EBUSY);
+  CHECK(provider().dealloc_pd(pd) == EBUSY);  // the errno as the return value
+  CHECK(fake.alive("pd") == 0);               // released anyway (see fake_provider.hpp)
+  CHECK(provider().destroy_id(a) == 0);
+  CHECK(fake.pending_faults() == 0);
+  fake.expect_clean();
+}
+
+TEST_CASE("fake: binding sets the device for a specific address, none for a wildcard",
+          "[fake]") {
+  fake::FakeProvider fake;
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  rdma_addrinfo* specific = nullptr;
+  rdma_addrinfo* wildcard = nullptr;
+  REQUIRE(provider().getaddrinfo("169.254.78.1", "0", &hints, &specific) == 0);
+  REQUIRE(provider().getaddrinfo("0.0.0.0", "0", &hints, &wildcard) == 0);
+  rdma_cm_id* one = nullptr;
+  rdma_cm_id* all = nullptr;
+  REQUIRE(provider().create_id(nullptr, &one, nullptr, RDMA_PS_TCP) == 0);
+  REQUIRE(provider().create_id(nullptr, &all, nullptr, RDMA_PS_TCP) == 0);
+  REQUIRE(provider().bind_addr(one, specific->ai_src_addr) == 0);
+  REQUIRE(provider().bind_addr(all, wildcard->ai_src_addr) == 0);
+  CHECK(one->verbs == fake.context(1));
+  CHECK(std::string(one->verbs->device->name) == "fake1");
+  CHECK(all->verbs == nullptr);
+  CHECK(rpmapp::detail::port_of(rdma_get_local_addr(one)) != 0);  // port 0 assigned
+  CHECK(rpmapp::detail::port_of(rdma_get_local_addr(one)) !=
+        rpmapp::detail::port_of(rdma_get_local_addr(all)));
+  provider().freeaddrinfo(specific);
+  provider().freeaddrinfo(wildcard);
+  CHECK(provider().destroy_id(one) == 0);
+  CHECK(provider().destroy_id(all) == 0);
+  fake.expect_clean();
+}
+
+TEST_CASE("fake: poll reports a channel readable when it has events", "[fake]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  Endpoint ep = listen_on(peer, "");
+  pollfd pfd{*ep.fd(), POLLIN, 0};
+  CHECK(provider().poll(&pfd, 1, 0) == 0);
+  fake.inject_connect_request(*ep.fd(), {});
+  CHECK(fake.alive("cm_id") == 1);  // the request's id exists once it is taken
+  CHECK(provider().poll(&pfd, 1, 0) == 1);
+  CHECK(pfd.revents == POLLIN);
+}

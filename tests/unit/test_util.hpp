@@ -1,0 +1,159 @@
+// Helpers shared by the unit tests.
+#pragma once
+
+#include "fake_provider.hpp"
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cerrno>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace test {
+
+using namespace rpmapp;
+
+/// The errno the tests inject: not one the fake or the library produce on their own.
+inline constexpr int kErr = ENOTRECOVERABLE;
+
+inline std::string str(std::string_view s) { return std::string(s); }
+
+inline Peer open_peer(fake::FakeProvider& fake, int device = 0) {
+  auto peer = Peer::open(fake.context(device));
+  REQUIRE(peer);
+  return std::move(*peer);
+}
+
+inline Endpoint listen_on(const Peer& peer, std::string_view addr, std::string_view port = "7471") {
+  auto ep = Endpoint::listen(peer, addr, port);
+  INFO((ep ? std::string() : ep.error().message()));
+  REQUIRE(ep);
+  return std::move(*ep);
+}
+
+/// Injects a request and takes it (non-blocking variant is used only through the fake's poll).
+inline ConnReq take_request(fake::FakeProvider& fake, Endpoint& ep, fake::Request req = {},
+                            const ConnConfig& cfg = {}) {
+  fake.inject_connect_request(*ep.fd(), req);
+  auto r = ep.next_conn_req(cfg);
+  INFO((r ? std::string() : r.error().message()));
+  REQUIRE(r);
+  return std::move(*r);
+}
+
+inline ConnReq outgoing(const Peer& peer, std::string_view addr = "169.254.77.9",
+                        const ConnConfig& cfg = {}) {
+  auto r = ConnReq::to(peer, addr, "7471", cfg);
+  INFO((r ? std::string() : r.error().message()));
+  REQUIRE(r);
+  return std::move(*r);
+}
+
+/// The errc a provider failure with `err` in `call` must become.
+inline errc expected_errc(const std::string& call, int err) {
+  if (err == ENOMEM) return errc::nomem;
+  if (call == "rdma_get_cm_event" && (err == EAGAIN || err == EWOULDBLOCK || err == ENODATA))
+    return errc::no_event;
+  return errc::provider;
+}
+
+/// Checks that `e` reports the injected failure of `call` with `err`.
+inline void check_injected(const Error& e, const std::string& call, int err) {
+  INFO("error: " << e.message());
+  CHECK(e.code() == expected_errc(call, err));
+  CHECK(e.sys_errno() == err);
+  CHECK(str(e.call()) == call);
+}
+
+/// Checks an inval Error from `call` whose reason mentions `words`.
+inline void check_inval(const Error& e, std::string_view call, std::string_view words = {}) {
+  INFO("error: " << e.message());
+  CHECK(e.code() == errc::inval);
+  CHECK(e.sys_errno() == 0);
+  CHECK(e.call() == call);
+  if (!words.empty()) CHECK_THAT(e.message(), Catch::Contains(std::string(words)));
+}
+
+/// A 0xAB-poisoned buffer, to prove an out-param was not written.
+struct Poisoned {
+  std::array<std::byte, 256> bytes;
+  Poisoned() { bytes.fill(std::byte{0xAB}); }
+  std::span<std::byte> span() { return bytes; }
+  bool untouched() const {
+    for (auto b : bytes)
+      if (b != std::byte{0xAB}) return false;
+    return true;
+  }
+};
+
+/// The failure a "fail each call in turn" run injects.
+struct Injected {
+  std::string call;
+  int nth;
+  int err;
+};
+
+/// Marks where the operation under test starts and ends within a scenario.
+class Probe {
+ public:
+  Probe(fake::FakeProvider& fake, std::optional<Injected> inject)
+      : fake_(fake), inject_(std::move(inject)) {}
+  /// Call right before the operation under test.
+  void begin() {
+    begin_ = fake_.mark();
+    if (inject_) fake_.fail(inject_->call, inject_->err, inject_->nth);
+  }
+  /// Call right after it.
+  void end() {
+    end_ = fake_.mark();
+    if (inject_) CHECK(fake_.pending_faults() == 0);  // the injected call was made
+  }
+  const std::optional<Injected>& injected() const { return inject_; }
+  bool failing() const { return inject_.has_value(); }
+  std::vector<std::string> calls() const {
+    auto all = fake_.calls();
+    return {all.begin() + static_cast<std::ptrdiff_t>(begin_),
+            all.begin() + static_cast<std::ptrdiff_t>(end_)};
+  }
+  /// Checks `e` against the injected failure.
+  void check(const Error& e) const { check_injected(e, inject_->call, inject_->err); }
+
+ private:
+  fake::FakeProvider& fake_;
+  std::optional<Injected> inject_;
+  std::size_t begin_ = 0, end_ = 0;
+};
+
+/// Runs `scenario(fake, probe)` once without failures to learn the provider calls the
+/// operation makes (between probe.begin() and probe.end()), checks they are `expected`,
+/// then once per call, failing it with `err`. Each run must leave the fake clean once the
+/// scenario's objects are gone. The scenario checks the outcome (probe.failing()).
+template <class Scenario>
+void fail_each_call(const std::vector<std::string>& expected, int err, Scenario scenario) {
+  std::vector<std::string> log;
+  {
+    fake::FakeProvider fake;
+    Probe probe(fake, std::nullopt);
+    scenario(fake, probe);
+    log = probe.calls();
+    fake.expect_clean();
+  }
+  CHECK(log == expected);
+  auto steps = fake::failable_calls(log);
+  REQUIRE(!steps.empty());
+  for (auto& [call, nth] : steps) {
+    INFO("failing call " << call << " #" << nth << " with errno " << err);
+    fake::FakeProvider fake;
+    Probe probe(fake, Injected{call, nth, err});
+    scenario(fake, probe);
+    fake.expect_clean();
+  }
+}
+
+}  // namespace test
