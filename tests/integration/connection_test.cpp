@@ -1,0 +1,442 @@
+// rpmapp::ConnReq, PendingConnReq, Conn and Peer on a real RDMA stack (Soft-RoCE in
+// tools/rpmapp-vm): private data both ways and its limits, reject with private data,
+// requests outliving their endpoint, non-blocking outgoing requests, peers dropped first,
+// queue pairs and completion queues, connecting to a port with no listener.
+// Needs $SOFTROCE_IP; fails, never skips, without it. Every wait is bounded.
+#include <catch2/catch.hpp>
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace Catch {
+template <> struct StringMaker<rpmapp::errc> {
+  static std::string convert(rpmapp::errc c) { return std::string(rpmapp::to_string(c)); }
+};
+template <> struct StringMaker<rpmapp::ConnEvent> {
+  static std::string convert(rpmapp::ConnEvent e) { return std::string(rpmapp::to_string(e)); }
+};
+}  // namespace Catch
+
+namespace {
+
+using namespace std::chrono_literals;
+using rpmapp::AddressKind;
+using rpmapp::Conn;
+using rpmapp::ConnConfig;
+using rpmapp::ConnEvent;
+using rpmapp::ConnReq;
+using rpmapp::Endpoint;
+using rpmapp::errc;
+using rpmapp::Peer;
+using rpmapp::PendingConnReq;
+
+// Generous: the VM may run under TCG (about 5x slower than the host).
+constexpr auto event_wait = 10s;
+
+std::string env_or_fail(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0')
+    FAIL(name << " is not set: run this test on an RDMA device (tools/rpmapp-vm sets it)");
+  return value;
+}
+std::string ip1() { return env_or_fail("SOFTROCE_IP"); }
+
+template <class T> T must(rpmapp::expected<T> result, const char* what) {
+  if (!result) FAIL(what << " failed: " << result.error().message());
+  if (!result) throw std::logic_error("unreachable");
+  return std::move(*result);
+}
+inline void must(rpmapp::expected<void> result, const char* what) {
+  if (!result) FAIL(what << " failed: " << result.error().message());
+}
+template <class T> rpmapp::Error must_fail(const rpmapp::expected<T>& result, const char* what) {
+  if (result) FAIL(what << " succeeded; an error was expected");
+  if (result) throw std::logic_error("unreachable");
+  return result.error();
+}
+#define MUST(expr) must((expr), #expr)
+#define MUST_FAIL(expr) must_fail((expr), #expr)
+
+Peer local_peer(const std::string& ip) { return MUST(Peer::from_address(ip, AddressKind::local)); }
+
+std::string port_text(const Endpoint& ep) { return std::to_string(MUST(ep.port())); }
+
+Conn start_client(const Peer& peer, const std::string& ip, const std::string& port,
+                  std::string_view pdata = {}, const ConnConfig& config = {}) {
+  auto req = MUST(ConnReq::to(peer, ip, port, config));
+  return MUST(std::move(req).connect(rpmapp::as_bytes(pdata)));
+}
+
+ConnEvent wait_event(Conn& conn, const char* who) {
+  auto event = conn.next_event_for(event_wait);
+  if (!event) FAIL(who << ": Conn::next_event_for: " << event.error().message());
+  return *event;
+}
+
+ConnReq take_request(Endpoint& ep, const ConnConfig& config = {}) {
+  auto req = ep.next_conn_req_for(event_wait, config);
+  if (!req) FAIL("Endpoint::next_conn_req_for: " << req.error().message());
+  return std::move(*req);
+}
+
+bool starts_with(std::span<const std::byte> data, std::string_view prefix) {
+  return data.size() >= prefix.size() &&
+         std::string_view(reinterpret_cast<const char*>(data.data()), prefix.size()) == prefix;
+}
+
+std::vector<std::byte> bytes(std::size_t n, char fill) {
+  return std::vector<std::byte>(n, static_cast<std::byte>(fill));
+}
+
+// A port on which nothing listens (any more): one the CM assigned to a closed listener.
+std::string unused_port(const Peer& peer, const std::string& ip) {
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  std::string port = port_text(ep);
+  MUST(std::move(ep).shutdown());
+  return port;
+}
+
+void establish(Conn& client, Conn& server) {
+  CHECK(wait_event(client, "client") == ConnEvent::established);
+  CHECK(wait_event(server, "server") == ConnEvent::established);
+}
+// rdma_cm: the active side's DISCONNECTED comes with the passive side's DREP, which
+// rdma_disconnect on the passive side sends; so each side disconnects.
+void disconnect_both(Conn& client, Conn& server) {
+  MUST(client.disconnect());
+  CHECK(wait_event(server, "server") == ConnEvent::closed);
+  MUST(server.disconnect());
+  CHECK(wait_event(client, "client") == ConnEvent::closed);
+}
+
+}  // namespace
+
+TEST_CASE("reject with private data: the client sees rejected and the data",
+          "[conn][reject]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  Conn client = start_client(peer, ip, port_text(ep), "may I?");
+  ConnReq req = take_request(ep);
+  CHECK(MUST(req.is_incoming()));
+  CHECK(starts_with(MUST(req.private_data()), "may I?"));
+  MUST(std::move(req).reject(rpmapp::as_bytes("busy")));
+  CHECK_FALSE(req);
+  CHECK(wait_event(client, "client") == ConnEvent::rejected);
+  auto data = MUST(client.private_data());
+  CHECK(starts_with(data, "busy"));
+  CHECK(rpmapp::as_text(data) == "busy");
+}
+
+TEST_CASE("dropping an incoming request rejects it", "[conn][reject]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  Conn client = start_client(peer, ip, port_text(ep));
+  { ConnReq req = take_request(ep); }
+  CHECK(wait_event(client, "client") == ConnEvent::rejected);
+}
+
+TEST_CASE("private data both ways, zero-padded by rdma_cm, compared by prefix",
+          "[conn][private_data]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  Conn client = start_client(peer, ip, port_text(ep), "hello from the client");
+  ConnReq req = take_request(ep);
+  auto request_data = MUST(req.private_data());
+  CHECK(starts_with(request_data, "hello from the client"));
+  CHECK(request_data.size() == 56);  // padded to RDMA_PS_TCP's REQ size
+
+  // copy_private_data: too small writes nothing; big enough copies all.
+  std::vector<std::byte> small(8, std::byte{0x5a});
+  CHECK(MUST_FAIL(req.copy_private_data(small)).code() == errc::inval);
+  CHECK(small == bytes(8, 0x5a));
+  std::vector<std::byte> big(100, std::byte{0x5a});
+  CHECK(MUST(req.copy_private_data(big)) == request_data.size());
+  CHECK(starts_with(big, "hello from the client"));
+
+  Conn server = MUST(std::move(req).connect(rpmapp::as_bytes("welcome from the server")));
+  establish(client, server);
+  auto accept_data = MUST(client.private_data());
+  CHECK(starts_with(accept_data, "welcome from the server"));
+  CHECK(accept_data.size() == 196);  // padded to RDMA_PS_TCP's REP size
+  CHECK(starts_with(MUST(server.private_data()), "hello from the client"));
+  disconnect_both(client, server);
+}
+
+TEST_CASE("oversize private data is inval, sends nothing, and leaves the request usable",
+          "[conn][private_data]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+
+  ConnReq out = MUST(ConnReq::to(peer, ip, port_text(ep)));
+  CHECK_FALSE(MUST(out.is_incoming()));
+  const auto too_long_connect = bytes(57, 'c');
+  auto e1 = MUST_FAIL(std::move(out).connect(too_long_connect));
+  INFO(e1.message());
+  CHECK(e1.code() == errc::inval);
+  REQUIRE(out);  // not consumed
+  auto nothing = MUST_FAIL(ep.next_conn_req_for(1500ms));
+  INFO(nothing.message());
+  CHECK(nothing.code() == errc::no_event);  // nothing was sent
+
+  // An outgoing request cannot be rejected.
+  CHECK(MUST_FAIL(std::move(out).reject()).code() == errc::inval);
+  REQUIRE(out);
+
+  const auto max_connect = bytes(56, 'C');
+  Conn client = MUST(std::move(out).connect(max_connect));
+  ConnReq in = take_request(ep);
+  CHECK(MUST(in.private_data()).size() == 56);
+  CHECK(std::vector<std::byte>(MUST(in.private_data()).begin(), MUST(in.private_data()).end()) ==
+        max_connect);
+
+  const auto too_long_accept = bytes(197, 'a');
+  auto e2 = MUST_FAIL(std::move(in).connect(too_long_accept));
+  INFO(e2.message());
+  CHECK(e2.code() == errc::inval);
+  REQUIRE(in);
+  auto e3 = MUST_FAIL(std::move(in).reject(too_long_accept));
+  CHECK(e3.code() == errc::inval);
+  REQUIRE(in);
+  // The client heard nothing so far.
+  auto quiet = MUST_FAIL(client.next_event_for(500ms));
+  CHECK(quiet.code() == errc::no_event);
+
+  const auto max_accept = bytes(196, 'A');
+  Conn server = MUST(std::move(in).connect(max_accept));
+  establish(client, server);
+  auto got = MUST(client.private_data());
+  CHECK(std::vector<std::byte>(got.begin(), got.end()) == max_accept);
+  disconnect_both(client, server);
+}
+
+TEST_CASE("a request outlives its endpoint and the server's Peer handle",
+          "[conn][lifetime]") {
+  const std::string ip = ip1();
+  Peer client_peer = local_peer(ip);
+  std::optional<Peer> server_peer(local_peer(ip));
+  std::optional<Endpoint> ep(MUST(Endpoint::listen(*server_peer, ip, "0")));
+
+  Conn client = start_client(client_peer, ip, port_text(*ep), "outlive");
+  ConnReq req = take_request(*ep);
+  MUST(std::move(*ep).shutdown());
+  ep.reset();
+  MUST(std::move(*server_peer).close());  // others still use the protection domain
+  server_peer.reset();
+
+  CHECK(MUST(req.device()) == MUST(client_peer.device_name()));
+  Conn server = MUST(std::move(req).connect(rpmapp::as_bytes("still here")));
+  establish(client, server);
+  CHECK(starts_with(MUST(client.private_data()), "still here"));
+  disconnect_both(client, server);
+  MUST(std::move(server).close());
+  MUST(std::move(client).close());
+}
+
+TEST_CASE("Peers dropped before their endpoint, requests and connections are safe",
+          "[conn][lifetime][peer]") {
+  const std::string ip = ip1();
+  std::optional<Peer> server_peer(local_peer(ip));
+  std::optional<Peer> client_peer(local_peer(ip));
+  Endpoint ep = MUST(Endpoint::listen(*server_peer, ip, "0"));
+  server_peer.reset();  // the endpoint keeps the domain alive
+
+  ConnReq out = MUST(ConnReq::to(*client_peer, ip, port_text(ep)));
+  client_peer.reset();  // the request keeps it alive
+  Conn client = MUST(std::move(out).connect());
+  ConnReq in = take_request(ep);
+  MUST(std::move(ep).shutdown());
+  Conn server = MUST(std::move(in).connect());
+  establish(client, server);
+  disconnect_both(client, server);
+  // The last users go here; ASan reports any use after free.
+}
+
+TEST_CASE("Peer::from_address finds the device by local and by remote address", "[peer]") {
+  const std::string ip = ip1();
+  Peer local = MUST(Peer::from_address(ip, AddressKind::local));
+  Peer remote = MUST(Peer::from_address(ip, AddressKind::remote));
+  const std::string device = MUST(local.device_name());
+  CHECK_FALSE(device.empty());
+  CHECK(MUST(remote.device_name()) == device);
+  if (const char* dev = std::getenv("SOFTROCE_DEV")) CHECK(device == dev);
+  CHECK(MUST(local.pd()) != nullptr);
+  CHECK(MUST(local.context()) != nullptr);
+
+  auto bad = MUST_FAIL(Peer::from_address("localhost", AddressKind::local));
+  INFO(bad.message());
+  CHECK(bad.code() == errc::inval);
+
+  MUST(std::move(remote).close());
+  CHECK_FALSE(remote);
+  CHECK(MUST_FAIL(remote.pd()).code() == errc::inval);
+}
+
+TEST_CASE("queue pair numbers and a separate receive CQ (rcq_size > 0)", "[conn][qp]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  const ConnConfig config{.cq_size = 8, .rcq_size = 5, .sq_size = 4, .rq_size = 6};
+
+  ConnReq out = MUST(ConnReq::to(peer, ip, port_text(ep), config));
+  const std::uint32_t out_qp = MUST(out.qp_num());
+  CHECK(out_qp != 0);
+  CHECK(MUST(out.device()) == MUST(peer.device_name()));
+  Conn client = MUST(std::move(out).connect());
+
+  ConnReq in = take_request(ep, config);
+  const std::uint32_t in_qp = MUST(in.qp_num());
+  CHECK(in_qp != 0);
+  CHECK(in_qp != out_qp);
+  Conn server = MUST(std::move(in).connect());
+
+  for (Conn* conn : {&client, &server}) {
+    ibv_qp* qp = MUST(conn->qp());
+    REQUIRE(qp != nullptr);
+    CHECK(MUST(conn->qp_num()) == qp->qp_num);
+    ibv_cq* cq = MUST(conn->cq());
+    ibv_cq* rcq = MUST(conn->rcq());
+    CHECK(cq != nullptr);
+    CHECK(rcq != nullptr);
+    CHECK(qp->send_cq == cq);
+    CHECK(qp->recv_cq == rcq);
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    REQUIRE(ibv_query_qp(qp, &attr, IBV_QP_CAP, &init) == 0);
+    CHECK(init.cap.max_send_wr >= config.sq_size);
+    CHECK(init.cap.max_recv_wr >= config.rq_size);
+  }
+  CHECK(MUST(client.qp_num()) == out_qp);
+  CHECK(MUST(server.qp_num()) == in_qp);
+  establish(client, server);
+  disconnect_both(client, server);
+
+  // Without rcq_size the receive completions share the main CQ.
+  Conn c2 = start_client(peer, ip, port_text(ep));
+  Conn s2 = MUST(take_request(ep).connect());
+  CHECK(MUST(c2.rcq()) == nullptr);
+  CHECK(MUST(c2.qp())->recv_cq == MUST(c2.cq()));
+  establish(c2, s2);
+}
+
+TEST_CASE("8 outgoing requests in flight from one thread, completed through poll + try_wait",
+          "[conn][nonblocking]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  const std::string port = port_text(ep);
+  constexpr std::size_t n = 8;
+
+  std::vector<std::optional<PendingConnReq>> pending;
+  for (std::size_t i = 0; i < n; ++i) pending.emplace_back(MUST(ConnReq::start(peer, ip, port)));
+  std::vector<std::optional<ConnReq>> ready(n);
+
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::size_t done = 0;
+  while (done < n) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::vector<pollfd> fds;
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!pending[i]) continue;
+      fds.push_back({MUST(pending[i]->fd()), POLLIN, 0});
+      which.push_back(i);
+    }
+    const int rc = ::poll(fds.data(), fds.size(), 1000);
+    REQUIRE(rc >= 0);
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if ((fds[k].revents & POLLIN) == 0) continue;
+      const std::size_t i = which[k];
+      auto result = std::move(*pending[i]).try_wait();
+      if (!result) {
+        INFO("request " << i << ": " << result.error().message());
+        REQUIRE(result.error().code() == errc::no_event);
+        REQUIRE(*pending[i]);  // still in progress, still usable
+        continue;
+      }
+      ready[i] = std::move(*result);
+      pending[i].reset();
+      ++done;
+    }
+  }
+
+  std::vector<Conn> clients;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string tag = "client " + std::to_string(i);
+    clients.push_back(MUST(std::move(*ready[i]).connect(rpmapp::as_bytes(tag))));
+  }
+  std::vector<Conn> servers;
+  for (std::size_t i = 0; i < n; ++i) servers.push_back(MUST(take_request(ep).connect()));
+  for (auto& c : clients) CHECK(wait_event(c, "client") == ConnEvent::established);
+  for (auto& s : servers) CHECK(wait_event(s, "server") == ConnEvent::established);
+  for (auto& c : clients) MUST(c.disconnect());
+  for (auto& s : servers) CHECK(wait_event(s, "server") == ConnEvent::closed);
+  for (auto& s : servers) MUST(s.disconnect());
+  for (auto& c : clients) CHECK(wait_event(c, "client") == ConnEvent::closed);
+}
+
+TEST_CASE("non-blocking Conn: try_next_event and an O_NONBLOCK fd give no_event",
+          "[conn][nonblocking]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  Conn client = start_client(peer, ip, port_text(ep));
+  Conn server = MUST(take_request(ep).connect());
+  establish(client, server);
+
+  auto none = MUST_FAIL(client.try_next_event());
+  INFO(none.message());
+  CHECK(none.code() == errc::no_event);
+  CHECK(MUST_FAIL(server.next_event_for(200ms)).code() == errc::no_event);
+
+  const int fd = MUST(server.fd());
+  REQUIRE(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
+  auto blocking = MUST_FAIL(server.next_event());
+  INFO(blocking.message());
+  CHECK(blocking.code() == errc::no_event);
+
+  MUST(client.disconnect());
+  pollfd pfd{fd, POLLIN, 0};
+  REQUIRE(::poll(&pfd, 1, 10000) == 1);
+  CHECK(MUST(server.next_event()) == ConnEvent::closed);
+  MUST(server.disconnect());
+  CHECK(wait_event(client, "client") == ConnEvent::closed);
+}
+
+TEST_CASE("connecting to a port with no listener is rejected or unreachable, not a hang",
+          "[conn][events]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  const std::string port = unused_port(peer, ip);
+  Conn client = start_client(peer, ip, port, "anyone?");
+  const ConnEvent event = wait_event(client, "client");
+  CAPTURE(event);
+  CHECK((event == ConnEvent::rejected || event == ConnEvent::unreachable));
+}
+
+TEST_CASE("bad ConnReq::to arguments are inval", "[conn]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  CHECK(MUST_FAIL(ConnReq::to(peer, ip, "0")).code() == errc::inval);
+  CHECK(MUST_FAIL(ConnReq::to(peer, ip, "70000")).code() == errc::inval);
+  CHECK(MUST_FAIL(ConnReq::to(peer, "host.example", "7471")).code() == errc::inval);
+  CHECK(MUST_FAIL(ConnReq::to(peer, ip, "7471", ConnConfig{.cq_size = 0})).code() == errc::inval);
+  CHECK(MUST_FAIL(ConnReq::to(peer, ip, "7471", ConnConfig{.retry_count = 8})).code() ==
+        errc::inval);
+}

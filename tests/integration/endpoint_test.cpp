@@ -1,0 +1,374 @@
+// rpmapp::Endpoint on a real RDMA stack (Soft-RoCE in tools/rpmapp-vm): listening on a
+// specific or wildcard address, CM-assigned ports and service IDs, backlog, shared
+// listeners, shutdown with pending requests, non-blocking request polling.
+// Needs $SOFTROCE_IP; fails, never skips, without it. Every wait is bounded.
+#include <catch2/catch.hpp>
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <endian.h>
+#include <fcntl.h>
+#include <poll.h>
+
+#include <cerrno>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <latch>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace Catch {
+template <> struct StringMaker<rpmapp::errc> {
+  static std::string convert(rpmapp::errc c) { return std::string(rpmapp::to_string(c)); }
+};
+template <> struct StringMaker<rpmapp::ConnEvent> {
+  static std::string convert(rpmapp::ConnEvent e) { return std::string(rpmapp::to_string(e)); }
+};
+}  // namespace Catch
+
+namespace {
+
+using namespace std::chrono_literals;
+using rpmapp::AddressKind;
+using rpmapp::Conn;
+using rpmapp::ConnEvent;
+using rpmapp::ConnReq;
+using rpmapp::Endpoint;
+using rpmapp::errc;
+using rpmapp::Peer;
+
+// Generous: the VM may run under TCG (about 5x slower than the host).
+constexpr auto event_wait = 10s;
+
+std::string env_or_fail(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0')
+    FAIL(name << " is not set: run this test on an RDMA device (tools/rpmapp-vm sets it)");
+  return value;
+}
+std::string ip1() { return env_or_fail("SOFTROCE_IP"); }
+
+template <class T> T must(rpmapp::expected<T> result, const char* what) {
+  if (!result) FAIL(what << " failed: " << result.error().message());
+  if (!result) throw std::logic_error("unreachable");
+  return std::move(*result);
+}
+inline void must(rpmapp::expected<void> result, const char* what) {
+  if (!result) FAIL(what << " failed: " << result.error().message());
+}
+template <class T> rpmapp::Error must_fail(const rpmapp::expected<T>& result, const char* what) {
+  if (result) FAIL(what << " succeeded; an error was expected");
+  if (result) throw std::logic_error("unreachable");
+  return result.error();
+}
+#define MUST(expr) must((expr), #expr)
+#define MUST_FAIL(expr) must_fail((expr), #expr)
+
+Peer local_peer(const std::string& ip) { return MUST(Peer::from_address(ip, AddressKind::local)); }
+
+std::string port_text(const Endpoint& ep) { return std::to_string(MUST(ep.port())); }
+
+Conn start_client(const Peer& peer, const std::string& ip, const std::string& port,
+                  std::string_view pdata = {}) {
+  auto req = MUST(ConnReq::to(peer, ip, port));
+  return MUST(std::move(req).connect(rpmapp::as_bytes(pdata)));
+}
+
+ConnEvent wait_event(Conn& conn, const char* who) {
+  auto event = conn.next_event_for(event_wait);
+  if (!event) FAIL(who << ": Conn::next_event_for: " << event.error().message());
+  return *event;
+}
+
+ConnReq take_request(Endpoint& ep) {
+  auto req = ep.next_conn_req_for(event_wait);
+  if (!req) FAIL("Endpoint::next_conn_req_for: " << req.error().message());
+  return std::move(*req);
+}
+
+// Client connects to ip:port of `ep`, the server accepts, both see established, then
+// the client disconnects and both see closed. `tag` travels as private data.
+void connect_and_close(Endpoint& ep, const Peer& client_peer, const std::string& ip,
+                       std::string_view tag = "client") {
+  Conn client = start_client(client_peer, ip, port_text(ep), tag);
+  ConnReq req = take_request(ep);
+  CHECK(rpmapp::as_text(MUST(req.private_data())) == tag);
+  Conn server = MUST(std::move(req).connect());
+  CHECK(wait_event(client, "client") == ConnEvent::established);
+  CHECK(wait_event(server, "server") == ConnEvent::established);
+  // rdma_cm: the active side's DISCONNECTED comes with the passive side's DREP, which
+  // rdma_disconnect on the passive side sends; so each side disconnects.
+  MUST(client.disconnect());
+  CHECK(wait_event(server, "server") == ConnEvent::closed);
+  MUST(server.disconnect());
+  CHECK(wait_event(client, "client") == ConnEvent::closed);
+}
+
+std::uint64_t expected_service_id(std::uint16_t port) {
+  return htobe64((std::uint64_t{0x0106} << 16) | port);  // RDMA_PS_TCP, network byte order
+}
+
+}  // namespace
+
+TEST_CASE("a listener on a specific address reports its device, address and assigned port",
+          "[endpoint][listen]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  const std::string device = MUST(peer.device_name());
+  if (const char* dev = std::getenv("SOFTROCE_DEV")) CHECK(device == dev);
+
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  CHECK(MUST(ep.device()) == device);
+  CHECK(MUST(ep.local_address()) == ip);
+  const std::uint16_t port = MUST(ep.port());
+  CHECK(port != 0);
+  CHECK(MUST(ep.service_id()) == expected_service_id(port));
+  CHECK(MUST(ep.share_count()) == 1);
+
+  connect_and_close(ep, peer, ip);
+  MUST(std::move(ep).shutdown());
+  CHECK_FALSE(ep);
+}
+
+TEST_CASE("a listener on a fixed port reports that port", "[endpoint][listen]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "47311"));
+  CHECK(MUST(ep.port()) == 47311);
+  CHECK(MUST(ep.service_id()) == expected_service_id(47311));
+  connect_and_close(ep, peer, ip);
+}
+
+TEST_CASE("wildcard listeners (\"\" and \"0.0.0.0\") accept a client on the assigned port",
+          "[endpoint][listen][wildcard]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  for (const char* addr : {"", "0.0.0.0"}) {
+    INFO("listen address \"" << addr << "\"");
+    Endpoint ep = MUST(Endpoint::listen(peer, addr, "0"));
+    CHECK(MUST(ep.device()).empty());
+    CHECK(MUST(ep.local_address()) == "0.0.0.0");
+    const std::uint16_t port = MUST(ep.port());
+    CHECK(port != 0);
+    CHECK(MUST(ep.service_id()) == expected_service_id(port));
+    connect_and_close(ep, peer, ip);
+  }
+}
+
+TEST_CASE("bad listen arguments are inval, not provider errors", "[endpoint][listen]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  for (const char* port : {"65536", "-1", "abc", "", " 80"}) {
+    INFO("port \"" << port << "\"");
+    auto error = MUST_FAIL(Endpoint::listen(peer, ip, port));
+    INFO(error.message());
+    CHECK(error.code() == errc::inval);
+  }
+  auto error = MUST_FAIL(Endpoint::listen(peer, "not-an-address", "0"));
+  INFO(error.message());
+  CHECK(error.code() == errc::inval);
+}
+
+TEST_CASE("a port in use is a provider error with EADDRINUSE", "[endpoint][listen]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  auto error = MUST_FAIL(Endpoint::listen(peer, ip, port_text(ep)));
+  INFO(error.message());
+  CHECK(error.code() == errc::provider);
+  CHECK(error.sys_errno() == EADDRINUSE);
+  CHECK(error.call() == "rdma_bind_addr");
+}
+
+TEST_CASE("backlog 2: of 5 clients connecting at once, exactly 2 requests reach the server",
+          "[endpoint][backlog]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0", rpmapp::ListenOptions{.backlog = 2}));
+  const std::string port = port_text(ep);
+
+  constexpr int clients = 5;
+  constexpr auto client_wait = 3s;
+  struct Result {
+    std::optional<rpmapp::Error> error;  // ConnReq::to or connect failed
+    std::optional<Conn> conn;
+    std::optional<ConnEvent> event;      // what the bounded wait returned, if an event
+    std::optional<rpmapp::Error> wait_error;
+    std::chrono::steady_clock::duration waited{};
+  };
+  std::vector<Result> results(clients);
+  std::latch ready(clients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      Result& r = results[static_cast<std::size_t>(i)];
+      auto req = ConnReq::to(peer, ip, port);
+      ready.arrive_and_wait();  // all connect at once
+      if (!req) {
+        r.error = req.error();
+        return;
+      }
+      auto conn = std::move(*req).connect();
+      if (!conn) {
+        r.error = conn.error();
+        return;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      auto event = conn->next_event_for(client_wait);
+      r.waited = std::chrono::steady_clock::now() - t0;
+      if (event)
+        r.event = *event;
+      else
+        r.wait_error = event.error();
+      r.conn = std::move(*conn);
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  for (int i = 0; i < clients; ++i) {
+    const Result& r = results[static_cast<std::size_t>(i)];
+    INFO("client " << i);
+    if (r.error) FAIL("client setup failed: " << r.error->message());
+    CHECK(r.waited < client_wait + 2s);  // bounded by its own timeout
+    if (r.event) CHECK(*r.event != ConnEvent::established);
+    if (r.wait_error) {
+      INFO(r.wait_error->message());
+      CHECK(r.wait_error->code() == errc::no_event);
+    }
+  }
+  // Clients go first, so that no REQ retransmission can add requests while the server
+  // drains its queue. A queued request whose client is gone still reaches the server:
+  // next_conn_req then fails creating its queue pair (rdma_create_qp: EINVAL, measured)
+  // and rejects it. Every result but no_event is one request that reached the server.
+  results.clear();
+
+  int requests = 0;
+  for (int i = 0; i < clients + 1; ++i) {
+    auto req = ep.next_conn_req_for(2s);
+    if (!req && req.error().code() == errc::no_event) break;
+    if (!req) UNSCOPED_INFO("request " << requests << ": " << req.error().message());
+    ++requests;  // dropped here: rejected
+  }
+  CHECK(requests == 2);
+}
+
+TEST_CASE("listen_shared: one listener behind two handles; the last handle stops it",
+          "[endpoint][shared]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  const std::string port = "47321";
+
+  std::optional<Endpoint> first(MUST(Endpoint::listen_shared(peer, ip, port)));
+  std::optional<Endpoint> second(MUST(Endpoint::listen_shared(peer, ip, port)));
+  CHECK(MUST(first->share_count()) == 2);
+  CHECK(MUST(second->share_count()) == 2);
+  CHECK(MUST(first->fd()) == MUST(second->fd()));  // one listener, one channel
+  CHECK(port_text(*first) == port);
+  CHECK(port_text(*second) == port);
+
+  // Requests are served through either handle.
+  connect_and_close(*second, peer, ip, "via second");
+  connect_and_close(*first, peer, ip, "via first");
+
+  // Dropping one handle keeps it listening.
+  MUST(std::move(*first).shutdown());
+  first.reset();
+  CHECK(MUST(second->share_count()) == 1);
+  connect_and_close(*second, peer, ip, "after drop");
+
+  // While it listens, a plain listen on the port fails; after the last handle, it succeeds.
+  {
+    auto busy = MUST_FAIL(Endpoint::listen(peer, ip, port));
+    INFO(busy.message());
+    CHECK(busy.sys_errno() == EADDRINUSE);
+  }
+  MUST(std::move(*second).shutdown());
+  second.reset();
+  Endpoint again = MUST(Endpoint::listen(peer, ip, port));
+  CHECK(MUST(again.share_count()) == 1);
+  connect_and_close(again, peer, ip, "new listener");
+}
+
+TEST_CASE("listen_shared with port 0 creates a listener that a later call shares by port",
+          "[endpoint][shared]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint a = MUST(Endpoint::listen_shared(peer, ip, "0"));
+  Endpoint b = MUST(Endpoint::listen_shared(peer, ip, "0"));
+  CHECK(MUST(a.port()) != MUST(b.port()));  // "0" always creates
+  Endpoint c = MUST(Endpoint::listen_shared(peer, ip, port_text(a)));
+  CHECK(MUST(a.share_count()) == 2);
+  CHECK(MUST(c.share_count()) == 2);
+  CHECK(MUST(b.share_count()) == 1);
+}
+
+TEST_CASE("shutdown with pending requests rejects them", "[endpoint][shutdown]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  const std::string port = port_text(ep);
+
+  Conn c1 = start_client(peer, ip, port, "one");
+  Conn c2 = start_client(peer, ip, port, "two");
+  // Let both requests reach the listener's queue (the server never takes them).
+  pollfd pfd{MUST(ep.fd()), POLLIN, 0};
+  REQUIRE(::poll(&pfd, 1, 10000) == 1);
+  std::this_thread::sleep_for(1500ms);
+
+  MUST(std::move(ep).shutdown());
+  CHECK_FALSE(ep);
+  CHECK(wait_event(c1, "client 1") == ConnEvent::rejected);
+  CHECK(wait_event(c2, "client 2") == ConnEvent::rejected);
+}
+
+TEST_CASE("non-blocking endpoint: try_next_conn_req and an O_NONBLOCK fd give no_event",
+          "[endpoint][nonblocking]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+
+  auto none = MUST_FAIL(ep.try_next_conn_req());
+  INFO(none.message());
+  CHECK(none.code() == errc::no_event);
+
+  auto timed = MUST_FAIL(ep.next_conn_req_for(200ms));
+  INFO(timed.message());
+  CHECK(timed.code() == errc::no_event);
+
+  const int fd = MUST(ep.fd());
+  REQUIRE(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
+  auto blocking = MUST_FAIL(ep.next_conn_req());
+  INFO(blocking.message());
+  CHECK(blocking.code() == errc::no_event);
+
+  // Still usable: a request arrives, poll says readable, the blocking call returns it.
+  Conn client = start_client(peer, ip, port_text(ep), "nb");
+  pollfd pfd{fd, POLLIN, 0};
+  REQUIRE(::poll(&pfd, 1, 10000) == 1);
+  ConnReq req = MUST(ep.next_conn_req());
+  CHECK(rpmapp::as_text(MUST(req.private_data())) == "nb");
+  Conn server = MUST(std::move(req).connect());
+  CHECK(wait_event(client, "client") == ConnEvent::established);
+  CHECK(wait_event(server, "server") == ConnEvent::established);
+  auto again = MUST_FAIL(ep.try_next_conn_req());
+  CHECK(again.code() == errc::no_event);
+}
+
+TEST_CASE("a moved-from endpoint returns inval from every call", "[endpoint]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  Endpoint other = std::move(ep);
+  CHECK(MUST_FAIL(ep.port()).code() == errc::inval);
+  CHECK(MUST_FAIL(ep.fd()).code() == errc::inval);
+  CHECK(MUST_FAIL(ep.try_next_conn_req()).code() == errc::inval);
+  CHECK(MUST_FAIL(std::move(ep).shutdown()).code() == errc::inval);
+  CHECK(MUST(other.port()) != 0);
+}
