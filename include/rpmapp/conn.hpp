@@ -128,7 +128,9 @@ class Conn {
     return std::string_view(core_->device);
   }
 
-  /// Starts disconnecting; both sides then see ConnEvent::closed.
+  /// Starts disconnecting. The peer sees ConnEvent::closed; this side sees closed once the
+  /// peer has also called disconnect() (or destroyed its connection), or after the CM's
+  /// timeout: call disconnect() on both sides, as with librpma.
   /// Errors: inval when empty; provider: rdma_disconnect failed.
   expected<void> disconnect() noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::disconnect"));

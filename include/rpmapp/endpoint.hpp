@@ -95,7 +95,8 @@ class Endpoint {
   /// - no_event: the fd was made non-blocking and nothing is pending.
   /// - provider: rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
   ///   ibv_req_notify_cq, rdma_create_qp, rdma_ack_cm_event, rdma_create_event_channel or
-  ///   rdma_migrate_id failed (the request is rejected).
+  ///   rdma_migrate_id failed (the request is rejected). A request queued so long that its
+  ///   client has given up can fail this way (rdma_create_qp, EINVAL).
   /// - nomem: out of memory (the request is rejected).
   expected<ConnReq> next_conn_req(const ConnConfig& config = {}) noexcept {
     return next("Endpoint::next_conn_req", config, detail::Wait::forever());
