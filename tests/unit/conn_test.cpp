@@ -1,1 +1,233 @@
+// Conn: next_event (three variants) and its event mapping, disconnect, close.
 #include "test_util.hpp"
+
+using namespace test;
+using namespace std::chrono_literals;
+
+namespace {
+enum class Variant { blocking, non_blocking, timeout };
+
+expected<ConnEvent> next(Conn& conn, Variant v) {
+  switch (v) {
+    case Variant::blocking: return conn.next_event();
+    case Variant::non_blocking: return conn.try_next_event();
+    case Variant::timeout: return conn.next_event_for(20ms);
+  }
+  return conn.next_event();
+}
+
+Conn connect_out(const Peer& peer) {
+  auto conn = outgoing(peer).connect(as_bytes("hello"));
+  REQUIRE(conn);
+  return std::move(*conn);
+}
+}  // namespace
+
+TEST_CASE("Conn::next_event maps every CM event", "[conn]") {
+  struct Case {
+    rdma_cm_event_type type;
+    std::optional<ConnEvent> event;
+  };
+  const Case cases[] = {
+      {RDMA_CM_EVENT_ESTABLISHED, ConnEvent::established},
+      {RDMA_CM_EVENT_DISCONNECTED, ConnEvent::closed},
+      {RDMA_CM_EVENT_TIMEWAIT_EXIT, ConnEvent::closed},
+      {RDMA_CM_EVENT_CONNECT_ERROR, ConnEvent::lost},
+      {RDMA_CM_EVENT_DEVICE_REMOVAL, ConnEvent::lost},
+      {RDMA_CM_EVENT_REJECTED, ConnEvent::rejected},
+      {RDMA_CM_EVENT_UNREACHABLE, ConnEvent::unreachable},
+      {RDMA_CM_EVENT_ADDR_RESOLVED, std::nullopt},
+      {RDMA_CM_EVENT_ADDR_ERROR, std::nullopt},
+      {RDMA_CM_EVENT_ROUTE_RESOLVED, std::nullopt},
+      {RDMA_CM_EVENT_ROUTE_ERROR, std::nullopt},
+      {RDMA_CM_EVENT_CONNECT_REQUEST, std::nullopt},
+      {RDMA_CM_EVENT_CONNECT_RESPONSE, std::nullopt},
+      {RDMA_CM_EVENT_MULTICAST_JOIN, std::nullopt},
+      {RDMA_CM_EVENT_MULTICAST_ERROR, std::nullopt},
+      {RDMA_CM_EVENT_ADDR_CHANGE, std::nullopt},
+  };
+  for (const auto& c : cases) {
+    for (auto v : {Variant::blocking, Variant::non_blocking, Variant::timeout}) {
+      INFO("event " << detail::event_name(c.type) << " variant " << static_cast<int>(v));
+      fake::FakeProvider fake;
+      {
+        Peer peer = open_peer(fake);
+        Conn conn = connect_out(peer);
+        fake.inject_event(*conn.fd(), c.type);
+        auto ev = next(conn, v);
+        CHECK(fake.alive("unacked_event") == 0);  // acknowledged in every case
+        if (c.event) {
+          REQUIRE(ev);
+          CHECK(*ev == *c.event);
+        } else {
+          REQUIRE_FALSE(ev);
+          CHECK(ev.error().code() == errc::unknown);
+          CHECK_THAT(ev.error().message(), Catch::Contains(detail::event_name(c.type)));
+          // Still usable afterwards.
+          fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
+          CHECK(*conn.try_next_event() == ConnEvent::closed);
+        }
+      }
+      fake.expect_clean();
+    }
+  }
+}
+
+TEST_CASE("Conn: the accept's and the reject's private data", "[conn]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  SECTION("established: the accept's data, padded to 196") {
+    Conn conn = connect_out(peer);
+    CHECK(conn.private_data()->empty());
+    fake.inject_event(*conn.fd(), RDMA_CM_EVENT_ESTABLISHED, "welcome");
+    CHECK(*conn.try_next_event() == ConnEvent::established);
+    CHECK(conn.private_data()->size() == 196);
+    CHECK(as_text(*conn.private_data()) == "welcome");
+    Poisoned small;
+    auto r = conn.copy_private_data(small.span().first(100));
+    REQUIRE_FALSE(r);
+    check_inval(r.error(), "Conn::copy_private_data", "too small");
+    CHECK(small.untouched());
+    Poisoned big;
+    CHECK(*conn.copy_private_data(big.span()) == 196);
+    CHECK(as_text(std::span<const std::byte>(big.bytes)) == "welcome");
+  }
+  SECTION("rejected: the reject's data") {
+    Conn conn = connect_out(peer);
+    fake.inject_event(*conn.fd(), RDMA_CM_EVENT_REJECTED, "go away", 28);
+    CHECK(*conn.try_next_event() == ConnEvent::rejected);
+    CHECK(as_text(*conn.private_data()) == "go away");
+  }
+  SECTION("accepting side: the request's data stays") {
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    auto conn = take_request(fake, ep, {0, "from client", "169.254.77.20", 40001}).connect();
+    REQUIRE(conn);
+    fake.inject_event(*conn->fd(), RDMA_CM_EVENT_ESTABLISHED);
+    CHECK(*conn->try_next_event() == ConnEvent::established);
+    CHECK(as_text(*conn->private_data()) == "from client");
+    CHECK(*conn->device() == "fake0");
+  }
+}
+
+TEST_CASE("Conn::next_event: nothing pending is no_event", "[conn]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  Conn conn = connect_out(peer);
+  CHECK(conn.try_next_event().error().code() == errc::no_event);
+  CHECK(conn.next_event_for(1ms).error().code() == errc::no_event);
+  fake.set_nonblocking(*conn.fd());
+  auto blocking = conn.next_event();
+  REQUIRE_FALSE(blocking);
+  CHECK(blocking.error().code() == errc::no_event);
+  CHECK(blocking.error().sys_errno() == EAGAIN);
+  CHECK(fake.failures().empty());
+}
+
+TEST_CASE("Conn::next_event: each provider call fails in turn", "[conn][fail-each]") {
+  for (auto v : {Variant::blocking, Variant::non_blocking, Variant::timeout}) {
+    std::vector<std::string> calls = {"rdma_get_cm_event", "rdma_ack_cm_event"};
+    if (v != Variant::blocking) calls.insert(calls.begin(), "poll");
+    for (int err : {kErr, ENOMEM, EAGAIN}) {
+      fail_each_call(calls, err, [&](fake::FakeProvider& fake, Probe& probe) {
+        Peer peer = open_peer(fake);
+        Conn conn = connect_out(peer);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_ESTABLISHED, "accepted");
+        probe.begin();
+        auto ev = next(conn, v);
+        probe.end();
+        if (!probe.failing()) {
+          REQUIRE(ev);
+          CHECK(*ev == ConnEvent::established);
+          return;
+        }
+        REQUIRE_FALSE(ev);
+        probe.check(ev.error());
+        // Nothing published: no private data stored, the Conn works on.
+        CHECK(conn.private_data()->empty());
+        CHECK(fake.alive("unacked_event") == 0);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
+        auto again = next(conn, v);
+        REQUIRE(again);
+      });
+    }
+  }
+}
+
+TEST_CASE("Conn::disconnect", "[conn][fail-each]") {
+  fail_each_call({"rdma_disconnect"}, kErr, [](fake::FakeProvider& fake, Probe& probe) {
+    Peer peer = open_peer(fake);
+    Conn conn = connect_out(peer);
+    probe.begin();
+    auto done = conn.disconnect();
+    probe.end();
+    CHECK(conn);  // not consumed
+    if (!probe.failing()) {
+      CHECK(done);
+      CHECK(fake.disconnects.size() == 1);
+      return;
+    }
+    REQUIRE_FALSE(done);
+    probe.check(done.error());
+    CHECK(conn.disconnect());  // still usable
+  });
+}
+
+TEST_CASE("Conn::close: each provider call fails in turn", "[conn][fail-each]") {
+  for (bool incoming : {true, false}) {
+    for (std::uint32_t rcq : {0u, 3u}) {
+      std::vector<std::string> calls = {"rdma_destroy_qp", "ibv_destroy_cq"};
+      if (rcq) calls.push_back("ibv_destroy_cq");
+      calls.insert(calls.end(), {"ibv_destroy_comp_channel", "rdma_destroy_id",
+                                 "rdma_destroy_event_channel"});
+      fail_each_call(calls, kErr, [&](fake::FakeProvider& fake, Probe& probe) {
+        Peer peer = open_peer(fake);
+        Endpoint ep = listen_on(peer, "169.254.77.1");
+        ConnConfig cfg;
+        cfg.rcq_size = rcq;
+        ConnReq req = incoming ? take_request(fake, ep, {}, cfg) : outgoing(peer, "169.254.77.9", cfg);
+        auto conn = std::move(req).connect();
+        REQUIRE(conn);
+        CHECK((*conn->rcq() != nullptr) == (rcq != 0));
+        CHECK(*conn->cq() != nullptr);
+        CHECK((*conn->qp())->qp_num == *conn->qp_num());
+        probe.begin();
+        auto done = std::move(*conn).close();
+        probe.end();
+        CHECK_FALSE(*conn);
+        CHECK(fake.alive("cm_id") == 1);  // the listener
+        CHECK(fake.rejects.empty());      // an accepted connection is not rejected
+        if (!probe.failing()) {
+          CHECK(done);
+          return;
+        }
+        REQUIRE_FALSE(done);
+        probe.check(done.error());
+      });
+    }
+  }
+}
+
+TEST_CASE("a moved-from Conn: every call is inval", "[conn][moved]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  Conn conn = connect_out(peer);
+  Conn other = std::move(conn);
+  const auto mark = fake.mark();
+  CHECK_FALSE(conn);
+  check_inval(conn.next_event().error(), "Conn::next_event");
+  check_inval(conn.try_next_event().error(), "Conn::try_next_event");
+  check_inval(conn.next_event_for(1ms).error(), "Conn::next_event_for");
+  check_inval(conn.fd().error(), "Conn::fd");
+  check_inval(conn.private_data().error(), "Conn::private_data");
+  Poisoned buf;
+  check_inval(conn.copy_private_data(buf.span()).error(), "Conn::copy_private_data");
+  CHECK(buf.untouched());
+  check_inval(conn.qp_num().error(), "Conn::qp_num");
+  check_inval(conn.qp().error(), "Conn::qp");
+  check_inval(conn.cq().error(), "Conn::cq");
+  check_inval(conn.rcq().error(), "Conn::rcq");
+  check_inval(conn.device().error(), "Conn::device");
+  check_inval(conn.disconnect().error(), "Conn::disconnect");
+  check_inval(std::move(conn).close().error(), "Conn::close");
+  CHECK(fake.calls_since(mark).empty());
+}
