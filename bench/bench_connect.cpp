@@ -1,11 +1,14 @@
 // Benchmarks 2 and 3: connection setup on $SOFTROCE_IP, client and server threads in one
 // process, each implementation talking to its own server (servers.hpp):
 //   seq  K times: connect, established, disconnect, closed, close (the blocking APIs);
-//   conc K (at least 2C) connections, C in flight at once: rpmapp ConnReq::start + PendingConnReq and
-//        Conn fds in epoll; raw librdmacm async ids on one event channel; librpma with its
-//        blocking rpma_conn_req_new (resolution) and its conn fds in epoll (the baseline).
+//   conc max(K, 2C) connections, C in flight at once: rpmapp ConnReq::start +
+//        PendingConnReq and Conn fds in epoll; raw librdmacm async ids on one event
+//        channel; librpma with its blocking rpma_conn_req_new (resolution) and its conn
+//        fds in epoll (the baseline).
 // Usage: bench_connect seq  [reps] [K]
 //        bench_connect conc [reps] [K] [C...]
+//        bench_connect one VARIANT K   K sequential connections with one implementation
+//                                        only, untimed (for counting its system calls)
 // Prints R lines (common.hpp): connections per second, measured from the first connect
 // until the client saw every connection closed and the server released all of them.
 #include "servers.hpp"
@@ -284,7 +287,8 @@ int main(int argc, char** argv) {
   std::vector<int> inflights;
   for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
   if (inflights.empty()) inflights = {1, 4, 16, 64};
-  if (mode != "seq" && mode != "conc") die("usage", "bench_connect seq|conc [reps] [K] [C...]");
+  if (mode != "seq" && mode != "conc" && mode != "one")
+    die("usage", "bench_connect seq|conc [reps] [K] [C...] | one VARIANT K");
   ip = std::getenv("SOFTROCE_IP");
   if (ip == nullptr) die("SOFTROCE_IP", "not set (run inside tools/rpmapp-vm)");
   rpma_log_set_threshold(RPMA_LOG_THRESHOLD, RPMA_LOG_LEVEL_WARNING);
@@ -296,6 +300,29 @@ int main(int argc, char** argv) {
   check(rpma_peer_new(ctx, &rpeer), "rpma_peer_new");
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
   rdma_event_channel* raw_ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
+
+  if (mode == "one") {  // argv: one VARIANT K
+    const std::string v = argc > 2 ? argv[2] : "";
+    const int k = argc > 3 ? std::atoi(argv[3]) : 10;
+    std::unique_ptr<ServerBase> server;
+    if (v == "rpmapp") server = std::make_unique<RpmappServer>(peer, ip, rpmapp_port);
+    else if (v == "librpma") server = std::make_unique<LibrpmaServer>(rpeer, ip, librpma_port);
+    else if (v == "raw") server = std::make_unique<RawServer>(ip, raw_port);
+    else die("variant", v);
+    server->start();
+    for (int i = 0; i < k; ++i) {
+      if (v == "rpmapp") seq_rpmapp(peer);
+      else if (v == "librpma") seq_librpma(rpeer);
+      else seq_raw(raw_ch, pd);
+    }
+    await_server(*server, k);
+    server->stop();
+    server.reset();
+    rdma_destroy_event_channel(raw_ch);
+    ibv_dealloc_pd(pd);
+    check(rpma_peer_delete(&rpeer), "rpma_peer_delete");
+    return 0;
+  }
 
   auto s_rpmapp = std::make_unique<RpmappServer>(peer, ip, rpmapp_port);
   auto s_librpma = std::make_unique<LibrpmaServer>(rpeer, ip, librpma_port);

@@ -24,18 +24,35 @@ ORDER = ["listen", "seq", "conc", "instr", "compile"]
 
 
 def read(files):
-    groups, meta = OrderedDict(), OrderedDict()
+    groups, meta, syscalls = OrderedDict(), OrderedDict(), {}
     for name in files:
         with open(name) as f:
             for line in f:
                 parts = line.rstrip("\n").split("\t")
                 if parts[0] == "M" and len(parts) == 3:
                     meta[parts[1]] = parts[2]
+                elif parts[0] == "S" and len(parts) == 4:
+                    syscalls.setdefault(parts[2], {})[parts[1]] = float(parts[3])
                 elif parts[0] == "R" and len(parts) == 7:
                     _, bench, param, metric, variant, rep, value = parts
                     g = groups.setdefault((bench, param, metric), {})
                     g.setdefault(variant, {})[int(rep)] = float(value)
-    return groups, meta
+    return groups, meta, syscalls
+
+
+def syscall_table(syscalls):
+    """System calls per connection (client + server) per implementation, from strace -c."""
+    if not syscalls:
+        return ""
+    vs = ("rpmapp", "librpma", "raw")
+    total = {v: sum(c.get(v, 0) for c in syscalls.values()) for v in vs}
+    names = [n for n, c in syscalls.items() if max(c.get(v, 0) for v in vs) >= 0.5]
+    names.sort(key=lambda n: -max(syscalls[n].get(v, 0) for v in vs))
+    lines = ["| system call | rpmapp | librpma | raw librdmacm |", "|---|---|---|---|"]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(f"{syscalls[n].get(v, 0):.1f}" for v in vs) + " |")
+    lines.append("| **all** | " + " | ".join(f"**{total[v]:.0f}**" for v in vs) + " |")
+    return "\n".join(lines)
 
 
 def fmt_value(v):
@@ -157,16 +174,28 @@ hand-written sequence making the same provider calls through the same fake (its 
 "raw librdmacm"); row 5 compares with librpma only."""
 
 
+SYSCALL_LEGEND = """Client and server together, one sequential connection (connect, established,
+disconnect, closed, release), in the same VM: `strace -f -c` of `bench_connect one VARIANT K`
+for K = 5 and K = 25, difference divided by 20. Deterministic except for the waits (futex,
+epoll_wait, poll), which depend on timing. On rdma_cm, `write` on the /dev/infiniband/rdma_cm
+fd is one rdma_cm command (create id, resolve, connect, get event, ack is in user space...),
+`ioctl` on /dev/infiniband/uverbs* is one verbs command (CQ, QP, completion channel, MR),
+`openat`/`close` are event and completion channels."""
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
     ap.add_argument("--doc")
     ap.add_argument("--notes")
     args = ap.parse_args()
-    groups, meta = read(args.files)
+    groups, meta, syscalls = read(args.files)
     table = rows(groups)
     md = markdown(table)
     print(md)
+    sys_md = syscall_table(syscalls)
+    if sys_md:
+        print("\nsystem calls per connection (client + server, sequential, strace -c):\n" + sys_md)
     slow = slower_list(table)
     print("\nwhere rpmapp is slower:" if slow else "\nrpmapp is nowhere slower than 3%.")
     for s in slow:
@@ -194,6 +223,8 @@ def main():
                 "`bench/performance-notes.md`.\n\n")
         f.write("## Machine\n\n" + "\n".join(machine) + "\n\n")
         f.write("## Results\n\n" + md + "\n\n" + LEGEND + "\n\n")
+        if sys_md:
+            f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
         f.write("## Where rpmapp is slower in this run\n\n")
         f.write("\n".join(slow) + "\n\n" if slow else "Nowhere by more than 3%.\n\n")
         f.write(notes)
