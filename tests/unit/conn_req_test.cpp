@@ -103,7 +103,7 @@ TEST_CASE("ConnReq::to: resolution errors carry the event's status", "[conn_req]
     SECTION("reached through another device than the Peer's: inval naming both") {
       auto req = ConnReq::to(peer, "169.254.78.9", "7471");
       REQUIRE_FALSE(req);
-      check_inval(req.error(), "ConnReq::to", "fake1");
+      check_inval(req.error(), "PendingConnReq::wait", "fake1");
       CHECK_THAT(req.error().message(), Catch::Contains("fake0"));
     }
     CHECK(fake.alive("cm_id") == 0);
@@ -170,6 +170,9 @@ TEST_CASE("ConnReq::to: bad arguments are inval, before any provider call",
     auto req = ConnReq::to(peer, addr, "7471");
     REQUIRE_FALSE(req);
     check_inval(req.error(), "ConnReq::to", "numeric");
+    auto pending = ConnReq::start(peer, addr, "7471");
+    REQUIRE_FALSE(pending);
+    check_inval(pending.error(), "ConnReq::start", "numeric");
   }
   for (const char* port : {"", "-1", "65536", "abc", " 80", "80 ", "+80", "0"}) {
     INFO("port \"" << port << "\"");
@@ -178,7 +181,7 @@ TEST_CASE("ConnReq::to: bad arguments are inval, before any provider call",
     check_inval(req.error(), "ConnReq::to", "port");
     auto pending = ConnReq::start(peer, "169.254.77.9", port);
     REQUIRE_FALSE(pending);
-    check_inval(pending.error(), "ConnReq::to", "port");
+    check_inval(pending.error(), "ConnReq::start", "port");
   }
   ConnConfig bad[8];
   bad[0].cq_size = 0;

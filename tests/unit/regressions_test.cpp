@@ -1,1 +1,176 @@
+// Each test names a librpma bug (research/librpma.md) that rpmapp must not repeat.
 #include "test_util.hpp"
+
+using namespace test;
+using namespace std::chrono_literals;
+
+TEST_CASE("librpma next_conn_req: an ack failure deleted the request and nulled *req_ptr",
+          "[regression]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    ConnReq kept = take_request(fake, ep, {0, "kept", "169.254.77.20", 40001});
+    const auto qp = *kept.qp_num();
+    fake.inject_connect_request(*ep.fd(), {0, "second", "169.254.77.21", 40002});
+    fake.fail("rdma_ack_cm_event", kErr);
+    auto failed = ep.try_next_conn_req();
+    REQUIRE_FALSE(failed);
+    check_injected(failed.error(), "rdma_ack_cm_event", kErr);
+    // The caller's other objects are untouched; the failed request was rejected AND
+    // destroyed (not leaked).
+    REQUIRE(kept);
+    CHECK(*kept.qp_num() == qp);
+    CHECK(as_text(*kept.private_data()) == "kept");
+    CHECK(fake.rejects.size() == 1);
+    CHECK(fake.alive("cm_id") == 2);  // the listener and `kept`
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("librpma conn_req_delete: a rejected incoming request's cm_id leaked",
+          "[regression]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    SECTION("reject") {
+      ConnReq req = take_request(fake, ep);
+      CHECK(std::move(req).reject());
+    }
+    SECTION("close") {
+      ConnReq req = take_request(fake, ep);
+      CHECK(std::move(req).close());
+    }
+    SECTION("dropped") { take_request(fake, ep); }
+    REQUIRE(fake.rejects.size() == 1);
+    CHECK_FALSE(fake.id_alive(fake.rejects[0].id));
+    CHECK(fake.alive("cm_id") == 1);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("librpma conn_next_event: an unexpected event logged the caller's uninitialized "
+          "*event",
+          "[regression]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  auto conn = outgoing(peer).connect();
+  REQUIRE(conn);
+  fake.inject_event(*conn->fd(), RDMA_CM_EVENT_ADDR_CHANGE);
+  auto ev = conn->try_next_event();
+  REQUIRE_FALSE(ev);
+  CHECK(ev.error().code() == errc::unknown);
+  // The reason names the event the CM delivered, nothing the caller provided.
+  CHECK_THAT(ev.error().message(), Catch::Contains("ADDR_CHANGE"));
+  CHECK(fake.alive("unacked_event") == 0);
+}
+
+TEST_CASE("librpma conn_req_new_from_cm_event: an ENOMEM destroyed the incoming id "
+          "without rejecting it",
+          "[regression]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    fake.inject_connect_request(*ep.fd(), {});
+    fake.fail("ibv_create_comp_channel", ENOMEM);
+    auto req = ep.next_conn_req();
+    REQUIRE_FALSE(req);
+    CHECK(req.error().code() == errc::nomem);
+    CHECK(fake.rejects.size() == 1);  // the client hears a reject, not a timeout
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("librpma conn_req_connect: a failed rdma_accept neither rejected nor destroyed "
+          "the id",
+          "[regression]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    ConnReq req = take_request(fake, ep);
+    fake.fail("rdma_accept", EIO);
+    auto conn = std::move(req).connect();
+    REQUIRE_FALSE(conn);
+    REQUIRE(fake.rejects.size() == 1);
+    CHECK_FALSE(fake.id_alive(fake.rejects[0].id));
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("librpma PR #1703: the request's event is acknowledged before rdma_migrate_id "
+          "(which would block otherwise)",
+          "[regression]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  Endpoint ep = listen_on(peer, "169.254.77.1");
+  ConnReq req = take_request(fake, ep);
+  const auto& calls = fake.calls();
+  auto ack = std::find(calls.rbegin(), calls.rend(), "rdma_ack_cm_event");
+  auto migrate = std::find(calls.rbegin(), calls.rend(), "rdma_migrate_id");
+  REQUIRE(ack != calls.rend());
+  REQUIRE(migrate != calls.rend());
+  CHECK(migrate < ack);  // reverse iterators: the migration comes later
+  CHECK(fake.failures().empty());
+}
+
+TEST_CASE("librpma ep_shutdown: could destroy the channel a taken request's id was on",
+          "[regression]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    ConnReq req = take_request(fake, ep);
+    CHECK(std::move(ep).shutdown());
+    CHECK(fake.failures().empty());  // no "cm_id still on the channel"
+    auto conn = std::move(req).connect();
+    REQUIRE(conn);
+    fake.inject_event(*conn->fd(), RDMA_CM_EVENT_ESTABLISHED);
+    CHECK(*conn->try_next_event() == ConnEvent::established);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("librpma hard-codes retry_count 7, which retries forever on rxe", "[regression]") {
+  CHECK(ConnConfig{}.retry_count == 6);
+  CHECK(ConnConfig{}.rnr_retry_count == 7);
+}
+
+TEST_CASE("librpma issue #184: rdma_cm pads private data; we return what it delivered",
+          "[regression]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  Endpoint ep = listen_on(peer, "169.254.77.1");
+  ConnReq req = take_request(fake, ep, {0, "abc", "169.254.77.20", 40001});
+  auto data = *req.private_data();
+  CHECK(data.size() == 56);
+  CHECK(as_text(data) == "abc");
+}
+
+TEST_CASE("librpma conn_req_new: a NULL-channel (synchronous) id made resolution blocking",
+          "[regression]") {
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  fake.auto_resolve = false;
+  auto pending = ConnReq::start(peer, "169.254.77.9", "7471");
+  REQUIRE(pending);  // returned while resolution is in progress
+  CHECK(std::move(*pending).try_wait().error().code() == errc::no_event);
+}
+
+TEST_CASE("librpma ep_listen unit test: a failure after rdma_create_id must still destroy "
+          "the id and channel (first error wins)",
+          "[regression]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    fake.fail("rdma_listen", EADDRINUSE);
+    fake.fail("rdma_destroy_id", kErr);
+    auto ep = Endpoint::listen(peer, "169.254.77.1", "7471");
+    REQUIRE_FALSE(ep);
+    check_injected(ep.error(), "rdma_listen", EADDRINUSE);
+    CHECK(fake.alive("cm_id") == 0);
+  }
+  fake.expect_clean();
+}
