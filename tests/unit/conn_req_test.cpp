@@ -209,7 +209,7 @@ TEST_CASE("ConnReq::connect, outgoing: sends the private data and the retry coun
     cfg.retry_count = 3;
     cfg.rnr_retry_count = 2;
     ConnReq req = outgoing(peer, "169.254.77.9", cfg);
-    const std::string too_long(57, 'x');
+    const std::string too_long(max_connect_private_data + 1, 'x');
     auto bad = std::move(req).connect(as_bytes(too_long));
     REQUIRE_FALSE(bad);
     check_inval(bad.error(), "ConnReq::connect", "57");

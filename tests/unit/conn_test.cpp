@@ -106,6 +106,8 @@ TEST_CASE("Conn: the accept's and the reject's private data", "[conn]") {
     CHECK(*conn->try_next_event() == ConnEvent::established);
     CHECK(as_text(*conn->private_data()) == "from client");
     CHECK(*conn->device() == "fake0");
+    CHECK(*conn->peer_address() == "169.254.77.20");
+    CHECK(*conn->peer_port() == 40001);
   }
 }
 
@@ -227,6 +229,8 @@ TEST_CASE("a moved-from Conn: every call is inval", "[conn][moved]") {
   check_inval(conn.cq().error(), "Conn::cq");
   check_inval(conn.rcq().error(), "Conn::rcq");
   check_inval(conn.device().error(), "Conn::device");
+  check_inval(conn.peer_address().error(), "Conn::peer_address");
+  check_inval(conn.peer_port().error(), "Conn::peer_port");
   check_inval(conn.disconnect().error(), "Conn::disconnect");
   check_inval(std::move(conn).close().error(), "Conn::close");
   CHECK(fake.calls_since(mark).empty());
