@@ -174,3 +174,61 @@ TEST_CASE("librpma ep_listen unit test: a failure after rdma_create_id must stil
   }
   fake.expect_clean();
 }
+
+// librpma's "_subsequent_ERRNO2" tests: a cleanup failure after a failure must not replace
+// the first error, nor stop the rest of the cleanup.
+TEST_CASE("first error wins: cleanup failures after a failure", "[regression]") {
+  constexpr int kErr2 = EOWNERDEAD;
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    SECTION("next_conn_req: rdma_create_qp, then rdma_reject and rdma_destroy_id fail") {
+      fake.inject_connect_request(*ep.fd(), {});
+      fake.fail("rdma_create_qp", kErr);
+      fake.fail("ibv_destroy_cq", kErr2);
+      fake.fail("rdma_reject", kErr2);
+      fake.fail("rdma_destroy_id", kErr2);
+      auto req = ep.next_conn_req();
+      REQUIRE_FALSE(req);
+      check_injected(req.error(), "rdma_create_qp", kErr);
+    }
+    SECTION("ConnReq::to: rdma_resolve_route, then rdma_destroy_id fail") {
+      fake.fail("rdma_resolve_route", kErr);
+      fake.fail("rdma_destroy_id", kErr2);
+      auto req = ConnReq::to(peer, "169.254.77.9", "7471");
+      REQUIRE_FALSE(req);
+      check_injected(req.error(), "rdma_resolve_route", kErr);
+    }
+    SECTION("ConnReq::reject: rdma_reject, then ibv_destroy_cq and rdma_destroy_id fail") {
+      ConnReq req = take_request(fake, ep);
+      fake.fail("rdma_reject", kErr);
+      fake.fail("ibv_destroy_cq", kErr2);
+      fake.fail("rdma_destroy_id", kErr2);
+      auto done = std::move(req).reject();
+      REQUIRE_FALSE(done);
+      check_injected(done.error(), "rdma_reject", kErr);
+    }
+    SECTION("Conn::close: ibv_destroy_cq, then ibv_destroy_comp_channel and rdma_destroy_id") {
+      auto conn = take_request(fake, ep).connect();
+      REQUIRE(conn);
+      fake.fail("ibv_destroy_cq", kErr);
+      fake.fail("ibv_destroy_comp_channel", kErr2);
+      fake.fail("rdma_destroy_id", kErr2);
+      auto done = std::move(*conn).close();
+      REQUIRE_FALSE(done);
+      check_injected(done.error(), "ibv_destroy_cq", kErr);
+    }
+    SECTION("Endpoint::shutdown: rdma_reject, then rdma_ack_cm_event and rdma_destroy_id") {
+      fake.inject_connect_request(*ep.fd(), {});
+      fake.fail("rdma_reject", kErr);
+      fake.fail("rdma_ack_cm_event", kErr2);
+      fake.fail("rdma_destroy_id", kErr2, 2);  // the listener's
+      auto done = std::move(ep).shutdown();
+      REQUIRE_FALSE(done);
+      check_injected(done.error(), "rdma_reject", kErr);
+    }
+    CHECK(fake.pending_faults() == 0);
+  }
+  fake.expect_clean();
+}
