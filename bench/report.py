@@ -174,13 +174,14 @@ hand-written sequence making the same provider calls through the same fake (its 
 "raw librdmacm"); row 5 compares with librpma only."""
 
 
-SYSCALL_LEGEND = """Client and server together, one sequential connection (connect, established,
+SYSCALL_LEGEND = """Client and server together, per sequential connection (connect, established,
 disconnect, closed, release), in the same VM: `strace -f -c` of `bench_connect one VARIANT K`
-for K = 5 and K = 25, difference divided by 20. Deterministic except for the waits (futex,
-epoll_wait, poll), which depend on timing. On rdma_cm, `write` on the /dev/infiniband/rdma_cm
-fd is one rdma_cm command (create id, resolve, connect, get event, ack is in user space...),
-`ioctl` on /dev/infiniband/uverbs* is one verbs command (CQ, QP, completion channel, MR),
-`openat`/`close` are event and completion channels."""
+for K = 5 and K = 25, the difference divided by 20 (so the setup drops out). Counts are
+deterministic except for the waits (`epoll_wait`, `poll`, `futex`, `sched_yield`), which
+depend on timing. `write` on /dev/infiniband/rdma_cm is one rdma_cm command; `ioctl` on the
+uverbs device is one verbs command (CQ, QP, completion channel, memory registration);
+`openat` + `newfstatat` + `close` open and close an rdma_cm event channel; a completion
+channel is an `ioctl` and a `close`. Rows below 0.5 calls per connection are left out."""
 
 
 def main():
