@@ -92,10 +92,11 @@ def verdict(ratio, higher_better):
     better = med > 1.03 if higher_better else med < 0.97
     if not worse and not better:
         return "same"
+    several = lo != hi  # a deterministic count has one value: nothing to agree
     if worse:
-        clear = hi < 1 if higher_better else lo > 1
+        clear = several and (hi < 1 if higher_better else lo > 1)
         return "slower" + (" (every rep)" if clear else "")
-    clear = lo > 1 if higher_better else hi < 1
+    clear = several and (lo > 1 if higher_better else hi < 1)
     return "faster" + (" (every rep)" if clear else "")
 
 
