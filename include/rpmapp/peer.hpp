@@ -126,9 +126,9 @@ class Peer {
     if (!state_) return detail::fail(detail::moved_from("Peer::close"));
     auto state = std::move(state_);
     if (state.use_count() == 1) {
-      errno = 0;
-      if (detail::provider().dealloc_pd(state->pd.release()) != 0)
-        return detail::fail(detail::provider_error("ibv_dealloc_pd", errno));
+      // libibverbs' destroy calls return the errno value instead of setting errno
+      if (int rc = detail::provider().dealloc_pd(state->pd.release()); rc != 0)
+        return detail::fail(detail::provider_error("ibv_dealloc_pd", rc));
     }
     return {};
   }

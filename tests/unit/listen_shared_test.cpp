@@ -144,7 +144,7 @@ TEST_CASE("listen_shared: another address on a shared device port is inval",
 // and a first listen_shared reject it), and a malformed address is reported as "already
 // listened on at address ..." instead of "not a numeric IPv4 or IPv6 address".
 TEST_CASE("listen_shared validates its arguments even when a listener exists",
-          "[listen_shared][bug]") {
+          "[listen_shared]") {
   fake::FakeProvider fake;
   Peer peer = open_peer(fake);
   auto first = Endpoint::listen_shared(peer, "169.254.77.1", "7471");

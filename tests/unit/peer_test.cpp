@@ -149,7 +149,7 @@ TEST_CASE("Peer::close deallocates now, or when its last user goes", "[peer]") {
 
 // BUG (peer.hpp, Peer::close): ibv_dealloc_pd returns the errno value (it does not set
 // errno), but close() reports `errno`, so sys_errno() is 0 instead of EBUSY.
-TEST_CASE("Peer::close reports ibv_dealloc_pd's returned errno", "[peer][bug]") {
+TEST_CASE("Peer::close reports ibv_dealloc_pd's returned errno", "[peer]") {
   fake::FakeProvider fake;
   Peer peer = open_peer(fake);
   fake.fail("ibv_dealloc_pd", EBUSY);
@@ -160,7 +160,7 @@ TEST_CASE("Peer::close reports ibv_dealloc_pd's returned errno", "[peer][bug]") 
   fake.expect_clean();
 }
 
-TEST_CASE("Peer::close: each provider call fails in turn", "[peer][fail-each][bug]") {
+TEST_CASE("Peer::close: each provider call fails in turn", "[peer][fail-each]") {
   fail_each_call({"ibv_dealloc_pd"}, kErr, [](fake::FakeProvider& fake, Probe& probe) {
     Peer peer = open_peer(fake);
     probe.begin();

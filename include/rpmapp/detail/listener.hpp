@@ -138,6 +138,9 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
   if (!peer) return fail(invalid(call, "the peer is empty (moved from or closed)"));
   auto number = parse_port(call, port);
   if (!number) return fail(number.error());
+  if (!is_wildcard(addr))
+    if (auto ok = check_numeric_address(call, addr); !ok) return fail(ok.error());
+  if (options.backlog < 0) return fail(invalid(call, "backlog {} is negative", options.backlog));
   const std::string device(is_wildcard(addr) ? "" : device_name(peer.state()->context));
   auto& registry = listener_registry();
   std::lock_guard lock(registry.mutex);

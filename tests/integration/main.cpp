@@ -1,3 +1,0 @@
-// The one Catch2 v2 main shared by every integration test executable.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
