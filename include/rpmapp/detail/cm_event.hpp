@@ -24,15 +24,22 @@ inline bool is_empty_channel_errno(int e) noexcept {
   return e == EAGAIN || e == EWOULDBLOCK || e == ENODATA;
 }
 
+/// Polls `channel`'s fd once: 1 when an event is pending, 0 when none came within
+/// `timeout_ms`, -1 with errno on failure.
+inline int poll_channel(rdma_event_channel* channel, int timeout_ms) noexcept {
+  pollfd pfd{channel->fd, POLLIN, 0};
+  errno = 0;
+  const int n = provider().poll(&pfd, 1, timeout_ms);
+  return n > 0 ? 1 : n;
+}
+
 /// Waits until `channel` is readable. no_event when nothing arrived in time.
 inline expected<void> wait_readable(rdma_event_channel* channel, Wait wait) noexcept {
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::milliseconds(wait.ms);
   int timeout = wait.ms;
   for (;;) {
-    pollfd pfd{channel->fd, POLLIN, 0};
-    errno = 0;
-    int n = provider().poll(&pfd, 1, timeout);
+    const int n = poll_channel(channel, timeout);
     if (n > 0) return {};
     if (n == 0)
       return fail(make_error(errc::no_event, 0, "rdma_get_cm_event",

@@ -41,7 +41,7 @@ struct ListenerState {
   EventChannel channel;
   CmId id;
   std::string device;  // "" for a wildcard listener
-  std::string address;
+  std::string address;  // the bound address, kept for shared listeners only
   std::uint16_t port = 0;
   bool shared = false;
 
@@ -57,7 +57,11 @@ struct ListenerState {
     FirstError first;
     if (id) {
       for (;;) {
-        auto event = next_cm_event(channel.get(), Wait::none());
+        const int pending = poll_channel(channel.get(), 0);
+        if (pending < 0 && errno == EINTR) continue;
+        if (pending < 0) first.note(provider_error("poll", errno));
+        if (pending <= 0) break;
+        auto event = next_cm_event(channel.get(), Wait::forever());
         if (!event) {
           if (event.error() != errc::no_event) first.note(event.error());
           break;
@@ -127,7 +131,6 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   errno = 0;
   if (p.listen(id, options.backlog) != 0) return fail(provider_error("rdma_listen", errno));
   state->port = port_of(rdma_get_local_addr(id));
-  state->address = address_of(rdma_get_local_addr(id));
   return state;
 }
 
@@ -158,6 +161,7 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
   auto state = start_listening(call, std::span<const Peer>(&peer, 1), addr, port, options);
   if (!state) return state;
   (*state)->shared = true;
+  (*state)->address = address_of(rdma_get_local_addr((*state)->id.get()));
   registry.listeners[{device, (*state)->port}] = *state;
   return state;
 }
