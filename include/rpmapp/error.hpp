@@ -4,11 +4,12 @@
 #include <rpmapp/expected.hpp>
 #include <rpmapp/version.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -91,9 +92,9 @@ class Error {
   /// One line: "<call>: <errc text>[: <strerror> (errno N)][: <reason>]".
   /// Example: "rdma_listen: provider error: Address already in use (errno 98)".
   std::string message() const {
-    fmt::memory_buffer buf;
-    format_to(fmt::appender(buf));
-    return fmt::to_string(buf);
+    std::string text;
+    format_to(std::back_inserter(text));
+    return text;
   }
 
   std::error_code error_code() const noexcept { return make_error_code(code_); }
