@@ -3,9 +3,7 @@
 // requests outliving their endpoint, non-blocking outgoing requests, peers dropped first,
 // queue pairs and completion queues, connecting to a port with no listener.
 // Needs $SOFTROCE_IP; fails, never skips, without it. Every wait is bounded.
-#include <catch2/catch.hpp>
-
-#include <rpmapp/rpmapp.hpp>
+#include "support.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,24 +13,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-namespace Catch {
-template <> struct StringMaker<rpmapp::errc> {
-  static std::string convert(rpmapp::errc c) { return std::string(rpmapp::to_string(c)); }
-};
-template <> struct StringMaker<rpmapp::ConnEvent> {
-  static std::string convert(rpmapp::ConnEvent e) { return std::string(rpmapp::to_string(e)); }
-};
-}  // namespace Catch
-
 namespace {
 
 using namespace std::chrono_literals;
+using namespace itest;
 using rpmapp::AddressKind;
 using rpmapp::Conn;
 using rpmapp::ConnConfig;
@@ -42,55 +31,6 @@ using rpmapp::Endpoint;
 using rpmapp::errc;
 using rpmapp::Peer;
 using rpmapp::PendingConnReq;
-
-// Generous: the VM may run under TCG (about 5x slower than the host).
-constexpr auto event_wait = 10s;
-
-std::string env_or_fail(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0')
-    FAIL(name << " is not set: run this test on an RDMA device (tools/rpmapp-vm sets it)");
-  return value;
-}
-std::string ip1() { return env_or_fail("SOFTROCE_IP"); }
-
-template <class T> T must(rpmapp::expected<T> result, const char* what) {
-  if (!result) FAIL(what << " failed: " << result.error().message());
-  if (!result) throw std::logic_error("unreachable");
-  return std::move(*result);
-}
-inline void must(rpmapp::expected<void> result, const char* what) {
-  if (!result) FAIL(what << " failed: " << result.error().message());
-}
-template <class T> rpmapp::Error must_fail(const rpmapp::expected<T>& result, const char* what) {
-  if (result) FAIL(what << " succeeded; an error was expected");
-  if (result) throw std::logic_error("unreachable");
-  return result.error();
-}
-#define MUST(expr) must((expr), #expr)
-#define MUST_FAIL(expr) must_fail((expr), #expr)
-
-Peer local_peer(const std::string& ip) { return MUST(Peer::from_address(ip, AddressKind::local)); }
-
-std::string port_text(const Endpoint& ep) { return std::to_string(MUST(ep.port())); }
-
-Conn start_client(const Peer& peer, const std::string& ip, const std::string& port,
-                  std::string_view pdata = {}, const ConnConfig& config = {}) {
-  auto req = MUST(ConnReq::to(peer, ip, port, config));
-  return MUST(std::move(req).connect(rpmapp::as_bytes(pdata)));
-}
-
-ConnEvent wait_event(Conn& conn, const char* who) {
-  auto event = conn.next_event_for(event_wait);
-  if (!event) FAIL(who << ": Conn::next_event_for: " << event.error().message());
-  return *event;
-}
-
-ConnReq take_request(Endpoint& ep, const ConnConfig& config = {}) {
-  auto req = ep.next_conn_req_for(event_wait, config);
-  if (!req) FAIL("Endpoint::next_conn_req_for: " << req.error().message());
-  return std::move(*req);
-}
 
 bool starts_with(std::span<const std::byte> data, std::string_view prefix) {
   return data.size() >= prefix.size() &&
@@ -107,19 +47,6 @@ std::string unused_port(const Peer& peer, const std::string& ip) {
   std::string port = port_text(ep);
   MUST(std::move(ep).shutdown());
   return port;
-}
-
-void establish(Conn& client, Conn& server) {
-  CHECK(wait_event(client, "client") == ConnEvent::established);
-  CHECK(wait_event(server, "server") == ConnEvent::established);
-}
-// rdma_cm: the active side's DISCONNECTED comes with the passive side's DREP, which
-// rdma_disconnect on the passive side sends; so each side disconnects.
-void disconnect_both(Conn& client, Conn& server) {
-  MUST(client.disconnect());
-  CHECK(wait_event(server, "server") == ConnEvent::closed);
-  MUST(server.disconnect());
-  CHECK(wait_event(client, "client") == ConnEvent::closed);
 }
 
 }  // namespace

@@ -3,31 +3,20 @@
 // requests; a wildcard listener with one Peer per device serves each request with the
 // Peer of its device; a request on a device without a Peer is rejected and reported.
 // Needs $SOFTROCE_IP and $SOFTROCE_IP2; fails, never skips, without them.
-#include <catch2/catch.hpp>
-
-#include <rpmapp/rpmapp.hpp>
+#include "support.hpp"
 
 #include <chrono>
 #include <cstdlib>
 #include <map>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-namespace Catch {
-template <> struct StringMaker<rpmapp::errc> {
-  static std::string convert(rpmapp::errc c) { return std::string(rpmapp::to_string(c)); }
-};
-template <> struct StringMaker<rpmapp::ConnEvent> {
-  static std::string convert(rpmapp::ConnEvent e) { return std::string(rpmapp::to_string(e)); }
-};
-}  // namespace Catch
-
 namespace {
 
 using namespace std::chrono_literals;
+using namespace itest;
 using rpmapp::AddressKind;
 using rpmapp::Conn;
 using rpmapp::ConnEvent;
@@ -36,50 +25,19 @@ using rpmapp::Endpoint;
 using rpmapp::errc;
 using rpmapp::Peer;
 
-// Generous: the VM may run under TCG (about 5x slower than the host).
-constexpr auto event_wait = 10s;
-
-std::string env_or_fail(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0')
-    FAIL(name << " is not set: run this test where two RDMA devices have addresses "
-                 "(tools/rpmapp-vm sets SOFTROCE_IP and SOFTROCE_IP2)");
-  return value;
-}
-
-template <class T> T must(rpmapp::expected<T> result, const char* what) {
-  if (!result) FAIL(what << " failed: " << result.error().message());
-  if (!result) throw std::logic_error("unreachable");
-  return std::move(*result);
-}
-inline void must(rpmapp::expected<void> result, const char* what) {
-  if (!result) FAIL(what << " failed: " << result.error().message());
-}
-template <class T> rpmapp::Error must_fail(const rpmapp::expected<T>& result, const char* what) {
-  if (result) FAIL(what << " succeeded; an error was expected");
-  if (result) throw std::logic_error("unreachable");
-  return result.error();
-}
-#define MUST(expr) must((expr), #expr)
-#define MUST_FAIL(expr) must_fail((expr), #expr)
-
-ConnEvent wait_event(Conn& conn, const char* who) {
-  auto event = conn.next_event_for(event_wait);
-  if (!event) FAIL(who << ": Conn::next_event_for: " << event.error().message());
-  return *event;
-}
+constexpr const char* two_devices_hint =
+    "run this test where two RDMA devices have addresses "
+    "(tools/rpmapp-vm sets SOFTROCE_IP and SOFTROCE_IP2)";
 
 // The two devices, each with a Peer, and their addresses.
 struct Devices {
-  std::string ip0 = env_or_fail("SOFTROCE_IP");
-  std::string ip1 = env_or_fail("SOFTROCE_IP2");
+  std::string ip0 = env_or_fail("SOFTROCE_IP", two_devices_hint);
+  std::string ip1 = env_or_fail("SOFTROCE_IP2", two_devices_hint);
   Peer peer0 = MUST(Peer::from_address(ip0, AddressKind::local));
   Peer peer1 = MUST(Peer::from_address(ip1, AddressKind::local));
   std::string dev0 = MUST(peer0.device_name());
   std::string dev1 = MUST(peer1.device_name());
 };
-
-std::string port_text(const Endpoint& ep) { return std::to_string(MUST(ep.port())); }
 
 // A client on `peer` to ip:port; ConnReq::to may fail (the caller decides what that means).
 rpmapp::expected<Conn> try_client(const Peer& peer, const std::string& ip, const std::string& port,
@@ -143,12 +101,8 @@ TEST_CASE("a listener bound to the first address never sees a request for the se
   CHECK(rpmapp::as_text(MUST(req.private_data())) == "right address");
   CHECK(MUST(req.device()) == d.dev0);
   Conn server = MUST(std::move(req).connect());
-  CHECK(wait_event(client, "client") == ConnEvent::established);
-  CHECK(wait_event(server, "server") == ConnEvent::established);
-  MUST(client.disconnect());  // the passive side answers with its own disconnect
-  CHECK(wait_event(server, "server") == ConnEvent::closed);
-  MUST(server.disconnect());
-  CHECK(wait_event(client, "client") == ConnEvent::closed);
+  establish(client, server);
+  disconnect_both(client, server);
 }
 
 TEST_CASE("a wildcard listener with one Peer per device serves clients on both devices",
@@ -218,8 +172,7 @@ TEST_CASE("a wildcard listener rejects a request on a device it has no Peer for,
   ConnReq req = MUST(ep.next_conn_req_for(event_wait));
   CHECK(MUST(req.device()) == d.dev0);
   Conn server = MUST(std::move(req).connect());
-  CHECK(wait_event(client, "client") == ConnEvent::established);
-  CHECK(wait_event(server, "server") == ConnEvent::established);
+  establish(client, server);
 }
 
 TEST_CASE("two Peers on one device are inval", "[devices][listen]") {

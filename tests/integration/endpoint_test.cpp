@@ -2,9 +2,7 @@
 // specific or wildcard address, CM-assigned ports and service IDs, backlog, shared
 // listeners, shutdown with pending requests, non-blocking request polling.
 // Needs $SOFTROCE_IP; fails, never skips, without it. Every wait is bounded.
-#include <catch2/catch.hpp>
-
-#include <rpmapp/rpmapp.hpp>
+#include "support.hpp"
 
 #include <endian.h>
 #include <fcntl.h>
@@ -17,81 +15,22 @@
 #include <cstdlib>
 #include <latch>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
-namespace Catch {
-template <> struct StringMaker<rpmapp::errc> {
-  static std::string convert(rpmapp::errc c) { return std::string(rpmapp::to_string(c)); }
-};
-template <> struct StringMaker<rpmapp::ConnEvent> {
-  static std::string convert(rpmapp::ConnEvent e) { return std::string(rpmapp::to_string(e)); }
-};
-}  // namespace Catch
-
 namespace {
 
 using namespace std::chrono_literals;
-using rpmapp::AddressKind;
+using namespace itest;
 using rpmapp::Conn;
 using rpmapp::ConnEvent;
 using rpmapp::ConnReq;
 using rpmapp::Endpoint;
 using rpmapp::errc;
 using rpmapp::Peer;
-
-// Generous: the VM may run under TCG (about 5x slower than the host).
-constexpr auto event_wait = 10s;
-
-std::string env_or_fail(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0')
-    FAIL(name << " is not set: run this test on an RDMA device (tools/rpmapp-vm sets it)");
-  return value;
-}
-std::string ip1() { return env_or_fail("SOFTROCE_IP"); }
-
-template <class T> T must(rpmapp::expected<T> result, const char* what) {
-  if (!result) FAIL(what << " failed: " << result.error().message());
-  if (!result) throw std::logic_error("unreachable");
-  return std::move(*result);
-}
-inline void must(rpmapp::expected<void> result, const char* what) {
-  if (!result) FAIL(what << " failed: " << result.error().message());
-}
-template <class T> rpmapp::Error must_fail(const rpmapp::expected<T>& result, const char* what) {
-  if (result) FAIL(what << " succeeded; an error was expected");
-  if (result) throw std::logic_error("unreachable");
-  return result.error();
-}
-#define MUST(expr) must((expr), #expr)
-#define MUST_FAIL(expr) must_fail((expr), #expr)
-
-Peer local_peer(const std::string& ip) { return MUST(Peer::from_address(ip, AddressKind::local)); }
-
-std::string port_text(const Endpoint& ep) { return std::to_string(MUST(ep.port())); }
-
-Conn start_client(const Peer& peer, const std::string& ip, const std::string& port,
-                  std::string_view pdata = {}) {
-  auto req = MUST(ConnReq::to(peer, ip, port));
-  return MUST(std::move(req).connect(rpmapp::as_bytes(pdata)));
-}
-
-ConnEvent wait_event(Conn& conn, const char* who) {
-  auto event = conn.next_event_for(event_wait);
-  if (!event) FAIL(who << ": Conn::next_event_for: " << event.error().message());
-  return *event;
-}
-
-ConnReq take_request(Endpoint& ep) {
-  auto req = ep.next_conn_req_for(event_wait);
-  if (!req) FAIL("Endpoint::next_conn_req_for: " << req.error().message());
-  return std::move(*req);
-}
 
 // Client connects to ip:port of `ep`, the server accepts, both see established, then
 // the client disconnects and both see closed. `tag` travels as private data.
@@ -101,14 +40,8 @@ void connect_and_close(Endpoint& ep, const Peer& client_peer, const std::string&
   ConnReq req = take_request(ep);
   CHECK(rpmapp::as_text(MUST(req.private_data())) == tag);
   Conn server = MUST(std::move(req).connect());
-  CHECK(wait_event(client, "client") == ConnEvent::established);
-  CHECK(wait_event(server, "server") == ConnEvent::established);
-  // rdma_cm: the active side's DISCONNECTED comes with the passive side's DREP, which
-  // rdma_disconnect on the passive side sends; so each side disconnects.
-  MUST(client.disconnect());
-  CHECK(wait_event(server, "server") == ConnEvent::closed);
-  MUST(server.disconnect());
-  CHECK(wait_event(client, "client") == ConnEvent::closed);
+  establish(client, server);
+  disconnect_both(client, server);
 }
 
 std::uint64_t expected_service_id(std::uint16_t port) {

@@ -1,0 +1,101 @@
+// Helpers shared by the rpmapp integration tests (endpoint_test, connection_test,
+// devices_test): Catch2 printing of errc and ConnEvent, failing (never skipping) when
+// $SOFTROCE_IP is unset, MUST/MUST_FAIL, and bounded waits for connection events and
+// requests. raw_cm_test.cpp uses librdmacm directly and does not include this.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace Catch {
+template <> struct StringMaker<rpmapp::errc> {
+  static std::string convert(rpmapp::errc c) { return std::string(rpmapp::to_string(c)); }
+};
+template <> struct StringMaker<rpmapp::ConnEvent> {
+  static std::string convert(rpmapp::ConnEvent e) { return std::string(rpmapp::to_string(e)); }
+};
+}  // namespace Catch
+
+namespace itest {
+
+// Generous: the VM may run under TCG (about 5x slower than the host).
+inline constexpr std::chrono::seconds event_wait{10};
+
+// The value of environment variable `name`; FAILs (never skips) when it is unset or
+// empty, with `hint` saying where to run the test.
+inline std::string env_or_fail(
+    const char* name,
+    const char* hint = "run this test on an RDMA device (tools/rpmapp-vm sets it)") {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') FAIL(name << " is not set: " << hint);
+  return value;
+}
+inline std::string ip1() { return env_or_fail("SOFTROCE_IP"); }
+
+template <class T> T must(rpmapp::expected<T> result, const char* what) {
+  if (!result) FAIL(what << " failed: " << result.error().message());
+  if (!result) throw std::logic_error("unreachable");
+  return std::move(*result);
+}
+inline void must(rpmapp::expected<void> result, const char* what) {
+  if (!result) FAIL(what << " failed: " << result.error().message());
+}
+template <class T> rpmapp::Error must_fail(const rpmapp::expected<T>& result, const char* what) {
+  if (result) FAIL(what << " succeeded; an error was expected");
+  if (result) throw std::logic_error("unreachable");
+  return result.error();
+}
+#define MUST(expr) ::itest::must((expr), #expr)
+#define MUST_FAIL(expr) ::itest::must_fail((expr), #expr)
+
+inline rpmapp::Peer local_peer(const std::string& ip) {
+  return MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
+}
+
+inline std::string port_text(const rpmapp::Endpoint& ep) { return std::to_string(MUST(ep.port())); }
+
+// A client on `peer` connecting to ip:port with `pdata` as private data.
+inline rpmapp::Conn start_client(const rpmapp::Peer& peer, const std::string& ip,
+                                 const std::string& port, std::string_view pdata = {},
+                                 const rpmapp::ConnConfig& config = {}) {
+  auto req = MUST(rpmapp::ConnReq::to(peer, ip, port, config));
+  return MUST(std::move(req).connect(rpmapp::as_bytes(pdata)));
+}
+
+// The next event of `conn` within event_wait; FAILs naming `who` otherwise.
+inline rpmapp::ConnEvent wait_event(rpmapp::Conn& conn, const char* who) {
+  auto event = conn.next_event_for(event_wait);
+  if (!event) FAIL(who << ": Conn::next_event_for: " << event.error().message());
+  return *event;
+}
+
+// The next request on `ep` within event_wait; FAILs otherwise.
+inline rpmapp::ConnReq take_request(rpmapp::Endpoint& ep, const rpmapp::ConnConfig& config = {}) {
+  auto req = ep.next_conn_req_for(event_wait, config);
+  if (!req) FAIL("Endpoint::next_conn_req_for: " << req.error().message());
+  return std::move(*req);
+}
+
+// Both sides see established.
+inline void establish(rpmapp::Conn& client, rpmapp::Conn& server) {
+  CHECK(wait_event(client, "client") == rpmapp::ConnEvent::established);
+  CHECK(wait_event(server, "server") == rpmapp::ConnEvent::established);
+}
+// Both sides see closed. rdma_cm: the active side's DISCONNECTED comes with the passive
+// side's DREP, which rdma_disconnect on the passive side sends; so each side disconnects.
+inline void disconnect_both(rpmapp::Conn& client, rpmapp::Conn& server) {
+  MUST(client.disconnect());
+  CHECK(wait_event(server, "server") == rpmapp::ConnEvent::closed);
+  MUST(server.disconnect());
+  CHECK(wait_event(client, "client") == rpmapp::ConnEvent::closed);
+}
+
+}  // namespace itest
