@@ -60,12 +60,7 @@ TEST_CASE("ConnReq::to: each provider call fails in turn", "[conn_req][fail-each
         probe.begin();
         auto req = make(peer, how);
         probe.end();
-        if (!probe.failing()) {
-          CHECK(req);
-          return;
-        }
-        REQUIRE_FALSE(req);
-        probe.check(req.error());
+        if (!probe.check_outcome(req)) return;
         CHECK(fake.alive("cm_id") == 0);
         CHECK(fake.alive("qp") == 0);
         CHECK(fake.alive("event_channel") == 0);
@@ -263,12 +258,7 @@ TEST_CASE("ConnReq::connect: the provider call fails", "[conn_req][fail-each]") 
       probe.begin();
       auto conn = std::move(req).connect(as_bytes("data"));
       probe.end();
-      if (!probe.failing()) {
-        CHECK(conn);
-        return;
-      }
-      REQUIRE_FALSE(conn);
-      probe.check(conn.error());
+      if (!probe.check_outcome(conn)) return;
       CHECK_FALSE(req);  // consumed: released
       CHECK(fake.rejects.size() == (incoming ? 1u : 0u));
       CHECK(fake.alive("cm_id") == 1);  // only the listener
@@ -322,12 +312,7 @@ TEST_CASE("ConnReq::reject: each provider call fails in turn", "[conn_req][fail-
       CHECK_FALSE(req);
       CHECK(fake.alive("cm_id") == 1);
       CHECK(fake.alive("cq") == 0);
-      if (!probe.failing()) {
-        CHECK(done);
-        return;
-      }
-      REQUIRE_FALSE(done);
-      probe.check(done.error());
+      probe.check_outcome(done);
     });
   }
 }
@@ -347,12 +332,7 @@ TEST_CASE("ConnReq::close: each provider call fails in turn", "[conn_req][fail-e
       probe.end();
       CHECK_FALSE(req);
       CHECK(fake.alive("cm_id") == 1);
-      if (!probe.failing()) {
-        CHECK(done);
-        return;
-      }
-      REQUIRE_FALSE(done);
-      probe.check(done.error());
+      probe.check_outcome(done);
     });
   }
 }

@@ -123,6 +123,17 @@ class Probe {
   }
   /// Checks `e` against the injected failure.
   void check(const Error& e) const { check_injected(e, inject_->call, inject_->err); }
+  /// Checks the operation's `result`: success when nothing was injected, else the injected
+  /// failure. Returns whether it failed (the scenario may check more then).
+  template <class T> bool check_outcome(const expected<T>& result) const {
+    if (!failing()) {
+      CHECK(result);
+      return false;
+    }
+    REQUIRE_FALSE(result);
+    check(result.error());
+    return true;
+  }
 
  private:
   fake::FakeProvider& fake_;
