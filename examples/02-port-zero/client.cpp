@@ -16,10 +16,6 @@ int main(int argc, char** argv) {
   if (!conn) return example::fail(conn.error());
   fmt::print("connected to {} port {} (qp {})\n", addr, port, conn->qp_num().value_or(0));
 
-  if (auto ok = conn->disconnect(); !ok) return example::fail(ok.error());
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::closed); !ok)
-    return example::fail(ok.error());
-  if (auto ok = std::move(*conn).close(); !ok) return example::fail(ok.error());
-  fmt::print("disconnected\n");
+  if (auto ok = example::disconnect_and_close(*conn); !ok) return example::fail(ok.error());
   return 0;
 }

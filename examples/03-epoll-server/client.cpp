@@ -44,18 +44,9 @@ int main(int argc, char** argv) {
   auto conn = example::connect_with_retry([&] { return resolve(*peer, addr, port); },
                                           rpmapp::as_bytes(hello));
   if (!conn) return example::fail(conn.error());
-  auto received = conn->private_data();
-  if (!received) return example::fail(received.error());
-  fmt::print("received from the server: \"{}\"\n", rpmapp::as_text(*received));
-  if (!example::has_prefix(*received, "welcome, client #")) {
-    fmt::print(stderr, "error: unexpected private data from the server\n");
-    return 1;
-  }
+  if (int status = example::check_server_data(*conn, "welcome, client #"); status != 0)
+    return status;
 
-  if (auto ok = conn->disconnect(); !ok) return example::fail(ok.error());
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::closed); !ok)
-    return example::fail(ok.error());
-  if (auto ok = std::move(*conn).close(); !ok) return example::fail(ok.error());
-  fmt::print("disconnected\n");
+  if (auto ok = example::disconnect_and_close(*conn); !ok) return example::fail(ok.error());
   return 0;
 }

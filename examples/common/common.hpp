@@ -12,6 +12,7 @@
 #include <span>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 namespace example {
 
@@ -65,6 +66,30 @@ inline rpmapp::expected<void> expect_event(rpmapp::Conn& conn, rpmapp::ConnEvent
     return rpmapp::unexpected(rpmapp::Error(
         rpmapp::errc::unknown, 0, "expect_event",
         fmt::format("expected {}, got {}", rpmapp::to_string(want), rpmapp::to_string(*event))));
+  return {};
+}
+
+/// Prints the server's private data, read from the established `conn` (the accept's data),
+/// and checks that it starts with `prefix`. Returns 0, or, having printed the error, the
+/// exit status for main().
+inline int check_server_data(const rpmapp::Conn& conn, std::string_view prefix) {
+  auto received = conn.private_data();
+  if (!received) return fail(received.error());
+  fmt::print("received from the server: \"{}\"\n", rpmapp::as_text(*received));
+  if (!has_prefix(*received, prefix)) {
+    fmt::print(stderr, "error: unexpected private data from the server\n");
+    return 1;
+  }
+  return 0;
+}
+
+/// How a client ends: disconnects, waits for closed, closes `conn` and prints
+/// "disconnected".
+inline rpmapp::expected<void> disconnect_and_close(rpmapp::Conn& conn) {
+  if (auto ok = conn.disconnect(); !ok) return ok;
+  if (auto ok = expect_event(conn, rpmapp::ConnEvent::closed); !ok) return ok;
+  if (auto ok = std::move(conn).close(); !ok) return ok;
+  fmt::print("disconnected\n");
   return {};
 }
 
