@@ -67,29 +67,6 @@ const Provider& p = fake::provider;
 
 [[noreturn]] void fail(const char* what) { bench::die(what, "failed"); }
 
-ibv_qp_init_attr qp_attr(ibv_cq* cq) {
-  ibv_qp_init_attr attr{};
-  attr.send_cq = cq;
-  attr.recv_cq = cq;
-  attr.cap.max_send_wr = 10;
-  attr.cap.max_recv_wr = 10;
-  attr.cap.max_send_sge = 1;
-  attr.cap.max_recv_sge = 1;
-  attr.cap.max_inline_data = 8;
-  attr.qp_type = IBV_QPT_RC;
-  return attr;
-}
-
-rdma_conn_param conn_param() {
-  rdma_conn_param param{};
-  param.responder_resources = RDMA_MAX_RESP_RES;
-  param.initiator_depth = RDMA_MAX_INIT_DEPTH;
-  param.flow_control = 1;
-  param.retry_count = 6;
-  param.rnr_retry_count = 7;
-  return param;
-}
-
 struct Queues {
   ibv_comp_channel* cc;
   ibv_cq* cq;
@@ -102,7 +79,7 @@ Queues create_queues(rdma_cm_id* id, ibv_pd* pd) {
   q.cq = p.create_cq(id->verbs, 10, nullptr, q.cc, 0);
   if (!q.cq) fail("ibv_create_cq");
   if (p.req_notify_cq(q.cq, 0)) fail("ibv_req_notify_cq");
-  ibv_qp_init_attr attr = qp_attr(q.cq);
+  ibv_qp_init_attr attr = bench::raw_qp_attr(q.cq);
   if (p.create_qp(id, pd, &attr)) fail("rdma_create_qp");
   return q;
 }
@@ -178,7 +155,7 @@ struct HandSide {
     rdma_event_channel* ch = p.create_event_channel();
     if (!ch) fail("rdma_create_event_channel");
     if (p.migrate_id(id, ch)) fail("rdma_migrate_id");
-    rdma_conn_param param = conn_param();
+    rdma_conn_param param = bench::raw_conn_param();
     if (p.accept(id, &param)) fail("rdma_accept");
     if (next_event(ch) != RDMA_CM_EVENT_ESTABLISHED) fail("not established");
     if (p.disconnect(id)) fail("rdma_disconnect");
@@ -215,7 +192,7 @@ struct HandSide {
     if (e->event != RDMA_CM_EVENT_ROUTE_RESOLVED) fail("route");
     Queues q = create_queues(id, pd);
     if (p.ack_cm_event(e)) fail("rdma_ack_cm_event");
-    rdma_conn_param param = conn_param();
+    rdma_conn_param param = bench::raw_conn_param();
     if (p.connect(id, &param)) fail("rdma_connect");
     if (next_event(ch) != RDMA_CM_EVENT_ESTABLISHED) fail("not established");
     if (p.disconnect(id)) fail("rdma_disconnect");

@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <rdma/rdma_cma.h>
 
 #include <array>
 #include <chrono>
@@ -33,6 +34,31 @@ template <class E> decltype(auto) must(E&& e, const char* what) {
     return;
   else
     return std::move(*e);
+}
+
+/// Queue pair attributes used by the raw and the hand-written (bench_instr) implementations
+/// (as rpmapp and librpma: sq 10, rq 10, one SGE, 8 bytes inline, RC).
+inline ibv_qp_init_attr raw_qp_attr(ibv_cq* cq) {
+  ibv_qp_init_attr attr{};
+  attr.send_cq = cq;
+  attr.recv_cq = cq;
+  attr.cap.max_send_wr = 10;
+  attr.cap.max_recv_wr = 10;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  attr.cap.max_inline_data = 8;
+  attr.qp_type = IBV_QPT_RC;
+  return attr;
+}
+
+inline rdma_conn_param raw_conn_param() {
+  rdma_conn_param p{};
+  p.responder_resources = RDMA_MAX_RESP_RES;
+  p.initiator_depth = RDMA_MAX_INIT_DEPTH;
+  p.flow_control = 1;
+  p.retry_count = 6;
+  p.rnr_retry_count = 7;
+  return p;
 }
 
 /// For C calls returning 0 on success (librpma codes, librdmacm -1 + errno).
