@@ -120,8 +120,10 @@ class Error {
 
  private:
   static unsigned char copy_truncated(std::string_view from, char* to, std::size_t max) noexcept {
+    // The null test is for g++ 12 at -O3, which otherwise warns (nonnull) on an empty view.
+    if (from.data() == nullptr) return 0;
     const std::size_t len = std::min(from.size(), max);
-    if (len != 0) std::memcpy(to, from.data(), len);
+    std::memcpy(to, from.data(), len);
     return static_cast<unsigned char>(len);
   }
   // strerror_r comes in a GNU flavour (returns a pointer) and an XSI one (returns int).
