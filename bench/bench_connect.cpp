@@ -11,6 +11,7 @@
 //                                        only, untimed (for counting its system calls)
 // Prints R lines (common.hpp): connections per second, measured from the first connect
 // until the client saw every connection closed and the server released all of them.
+#include "anchors.hpp"
 #include "servers.hpp"
 
 #include <memory>
@@ -289,15 +290,8 @@ int main(int argc, char** argv) {
   if (inflights.empty()) inflights = {1, 4, 16, 64};
   if (mode != "seq" && mode != "conc" && mode != "one")
     die("usage", "bench_connect seq|conc [reps] [K] [C...] | one VARIANT K");
-  ip = std::getenv("SOFTROCE_IP");
-  if (ip == nullptr) die("SOFTROCE_IP", "not set (run inside tools/rpmapp-vm)");
-  rpma_log_set_threshold(RPMA_LOG_THRESHOLD, RPMA_LOG_LEVEL_WARNING);
-
-  auto peer = must(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local), "Peer::from_address");
-  ibv_context* ctx = nullptr;
-  check(rpma_utils_get_ibv_context(ip, RPMA_UTIL_IBV_CONTEXT_LOCAL, &ctx), "rpma_utils_get_ibv_context");
-  rpma_peer* rpeer = nullptr;
-  check(rpma_peer_new(ctx, &rpeer), "rpma_peer_new");
+  auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
+  ip = anchor_ip;
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
   rdma_event_channel* raw_ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
 

@@ -1,24 +1,15 @@
 // Benchmark 1: listen + shutdown cycles on $SOFTROCE_IP, port "0" (the CM picks a free
 // port) in all three implementations: rpmapp, librpma 1.2 and raw librdmacm.
 // Usage: bench_listen [reps] [cycles per rep]          prints R lines (see common.hpp)
-#include "common.hpp"
+#include "anchors.hpp"
 
-#include <librpma.h>
 #include <rdma/rdma_cma.h>
 
 int main(int argc, char** argv) {
   using namespace bench;
   const int reps = argc > 1 ? std::atoi(argv[1]) : 9;
   const int cycles = argc > 2 ? std::atoi(argv[2]) : 200;
-  const char* ip = std::getenv("SOFTROCE_IP");
-  if (ip == nullptr) die("SOFTROCE_IP", "not set (run inside tools/rpmapp-vm)");
-  rpma_log_set_threshold(RPMA_LOG_THRESHOLD, RPMA_LOG_LEVEL_WARNING);
-
-  auto peer = must(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local), "Peer::from_address");
-  ibv_context* ctx = nullptr;
-  check(rpma_utils_get_ibv_context(ip, RPMA_UTIL_IBV_CONTEXT_LOCAL, &ctx), "rpma_utils_get_ibv_context");
-  rpma_peer* rpeer = nullptr;
-  check(rpma_peer_new(ctx, &rpeer), "rpma_peer_new");
+  auto [ip, peer, ctx, rpeer] = open_anchors();
 
   auto timed = [cycles](auto&& cycle) {
     return [cycles, cycle]() {
