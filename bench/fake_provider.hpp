@@ -21,7 +21,7 @@ enum Call : unsigned char {
   c_create_event_channel, c_destroy_event_channel, c_create_id, c_destroy_id, c_getaddrinfo,
   c_freeaddrinfo, c_bind_addr, c_listen, c_resolve_addr, c_resolve_route, c_get_cm_event,
   c_ack_cm_event, c_migrate_id, c_create_qp, c_destroy_qp, c_accept, c_reject, c_connect,
-  c_disconnect, c_alloc_pd, c_dealloc_pd, c_create_comp_channel, c_destroy_comp_channel,
+  c_disconnect, c_get_devices, c_free_devices, c_alloc_pd, c_dealloc_pd, c_create_comp_channel, c_destroy_comp_channel,
   c_create_cq, c_destroy_cq, c_req_notify_cq, c_poll,
 };
 
@@ -272,6 +272,17 @@ inline const rpmapp::detail::Provider provider = {
       push(id->channel, id, RDMA_CM_EVENT_DISCONNECTED);
       return 0;
     },
+    // get_devices: the one fake device, whose context is librdmacm's
+    [](int* n) -> ibv_context** {
+      note(c_get_devices);
+      static ibv_context* list[2];
+      list[0] = &world.context;
+      list[1] = nullptr;
+      if (n) *n = 1;
+      return list;
+    },
+    // free_devices
+    [](ibv_context**) { note(c_free_devices); },
     // alloc_pd
     [](ibv_context*) -> ibv_pd* {
       note(c_alloc_pd);

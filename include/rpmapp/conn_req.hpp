@@ -35,7 +35,8 @@ class ConnReq {
   /// pair on `peer`. Blocks; see start() for the non-blocking form.
   /// Errors:
   /// - inval: empty `peer`; `addr` not a numeric address; `port` not decimal 0..65535 (or 0);
-  ///   a bad `config`; the address is reached through another device than `peer`'s.
+  ///   a bad `config`; the address is reached through another device than `peer`'s (or
+  ///   through a librdmacm context other than `peer`'s: compared by pointer).
   /// - provider: rdma_create_event_channel, rdma_create_id, rdma_getaddrinfo,
   ///   rdma_resolve_addr, rdma_resolve_route (also an ADDR_ERROR / ROUTE_ERROR event, errno
   ///   from its status), rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
@@ -263,12 +264,11 @@ class PendingConnReq {
       return false;
     }
     if (stage_ == Stage::route && type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
+      // By pointer, as rdma_create_qp checks the protection domain's context.
+      if (core_->id->verbs != core_->peer->context)
+        return detail::fail(detail::context_mismatch(call, "the address is reached through",
+                                                     core_->id->verbs, core_->peer->context));
       auto device = detail::device_name(core_->id->verbs);
-      auto own = detail::device_name(core_->peer->context);
-      if (device != own)
-        return detail::fail(detail::invalid(call,
-                                            "the address is reached through device {}, the peer is on {}",
-                                            device, own));
       return detail::no_throw(call, [&]() -> expected<bool> {
         core_->device = std::string(device);
         if (auto made = detail::create_queues(*core_, core_->config); !made)

@@ -3,6 +3,7 @@
 
 #include <rpmapp/detail/address.hpp>
 #include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/device_context.hpp>
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/error.hpp>
@@ -16,7 +17,7 @@ RPMAPP_BEGIN_NAMESPACE
 
 namespace detail {
 /// Shared by a Peer and everything made from it, so that the protection domain outlives
-/// every queue pair created on it. The device context belongs to the caller or librdmacm.
+/// every queue pair created on it. The device context is librdmacm's (never closed).
 struct PeerState {
   ibv_context* context = nullptr;
   ProtectionDomain pd;
@@ -36,14 +37,21 @@ enum class AddressKind {
 /// const); creating and destroying Peers is thread-safe.
 class Peer {
  public:
-  /// Allocates a protection domain on `context` (which the caller keeps open).
+  /// Allocates a protection domain on `context`, which must be one of librdmacm's own
+  /// device contexts: an element of rdma_get_devices()'s list (those stay open for the
+  /// process), or what Peer::from_address finds. librdmacm creates queue pairs on its own
+  /// context of the device, so a context the caller opened with ibv_open_device, even of
+  /// the same device, could never carry a connection.
   /// Errors:
-  /// - inval: `context` is null.
-  /// - nomem: ibv_alloc_pd failed with ENOMEM, or out of memory.
-  /// - provider: ibv_alloc_pd failed (errno in the Error).
+  /// - inval: `context` is null; it is not one of librdmacm's contexts (the reason names
+  ///   the device and how to get a usable context).
+  /// - nomem: ibv_alloc_pd or rdma_get_devices failed with ENOMEM, or out of memory.
+  /// - provider: rdma_get_devices or ibv_alloc_pd failed (errno in the Error).
   static expected<Peer> open(ibv_context* context) noexcept {
     constexpr const char* call = "Peer::open";
     if (context == nullptr) return detail::fail(detail::invalid(call, "device context is null"));
+    if (auto owned = detail::check_cm_context(call, context); !owned)
+      return detail::fail(owned.error());
     return detail::no_throw(call, [&]() -> expected<Peer> {
       auto state = std::make_shared<detail::PeerState>();
       errno = 0;
@@ -63,8 +71,8 @@ class Peer {
   /// address and may block up to `timeout`.
   /// Errors:
   /// - inval: `addr` is not a numeric IPv4/IPv6 address; no RDMA device has it.
-  /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr or
-  ///   ibv_alloc_pd failed (errno and call in the Error).
+  /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr,
+  ///   rdma_get_devices or ibv_alloc_pd failed (errno and call in the Error).
   /// - nomem: out of memory.
   static expected<Peer> from_address(std::string_view addr, AddressKind kind,
                                      std::chrono::milliseconds timeout =

@@ -71,7 +71,7 @@ std::string Sent::text() const {
 
 bool cannot_fail(std::string_view call) {
   return call == "rdma_destroy_event_channel" || call == "rdma_freeaddrinfo" ||
-         call == "rdma_destroy_qp";
+         call == "rdma_destroy_qp" || call == "rdma_free_devices";
 }
 
 std::vector<std::pair<std::string, int>> failable_calls(const std::vector<std::string>& log) {
@@ -233,7 +233,7 @@ struct FakeProvider::Impl {
       }
     std::memcpy(&id->route.addr.src_storage, addr, sockaddr_len(addr));
     set_port(&id->route.addr.src_addr, port);
-    id->verbs = device < 0 ? nullptr : &f().contexts_[device];
+    id->verbs = device < 0 ? nullptr : f().cm_contexts_[device];
     auto& info = f().ids_[id];
     info.bound = true;
     info.port = port;
@@ -275,7 +275,7 @@ struct FakeProvider::Impl {
         errno = EHOSTUNREACH;
         return -1;
       }
-      id->verbs = &f().contexts_[device];
+      id->verbs = f().cm_contexts_[device];
       return 0;
     }
     rdma_cm_event_type type = f().addr_event;
@@ -284,7 +284,7 @@ struct FakeProvider::Impl {
       type = RDMA_CM_EVENT_ADDR_ERROR;
       status = -EHOSTUNREACH;
     }
-    if (type == RDMA_CM_EVENT_ADDR_RESOLVED) id->verbs = &f().contexts_[device];
+    if (type == RDMA_CM_EVENT_ADDR_RESOLVED) id->verbs = f().cm_contexts_[device];
     auto* ev = f().make_event(id, type, {}, 0, status);
     if (f().auto_resolve) f().queue_event(id->channel, ev);
     else f().held_.emplace_back(id->channel, ev);
@@ -450,6 +450,27 @@ struct FakeProvider::Impl {
     return 0;
   }
 
+  static ibv_context** get_devices(int* num_devices) {
+    if (fails("rdma_get_devices")) {
+      if (num_devices) *num_devices = 0;
+      return nullptr;
+    }
+    auto* list = new ibv_context*[device_count + 1];
+    for (int d = 0; d < device_count; ++d) list[d] = f().cm_contexts_[d];
+    list[device_count] = nullptr;
+    f().device_lists_.insert(list);
+    f().created("device_list");
+    if (num_devices) *num_devices = device_count;
+    return list;
+  }
+
+  static void free_devices(ibv_context** list) {
+    f().calls_.emplace_back("rdma_free_devices");
+    if (!f().device_lists_.erase(list)) return f().note("rdma_free_devices: list not alive");
+    f().destroyed("device_list");
+    delete[] list;
+  }
+
   static ibv_pd* alloc_pd(ibv_context* ctx) {
     if (fails("ibv_alloc_pd")) return nullptr;
     if (f().device_of_context(ctx) < 0) {
@@ -604,6 +625,8 @@ const rpmapp::detail::Provider fake_table = {
     FakeProvider::Impl::reject,
     FakeProvider::Impl::connect,
     FakeProvider::Impl::disconnect,
+    FakeProvider::Impl::get_devices,
+    FakeProvider::Impl::free_devices,
     FakeProvider::Impl::alloc_pd,
     FakeProvider::Impl::dealloc_pd,
     FakeProvider::Impl::create_comp_channel,
@@ -622,6 +645,8 @@ FakeProvider::FakeProvider() {
   for (int d = 0; d < device_count; ++d) {
     std::snprintf(devices_[d].name, sizeof devices_[d].name, "fake%d", d);
     contexts_[d].device = &devices_[d];
+    foreign_[d].device = &devices_[d];
+    cm_contexts_[d] = &contexts_[d];
   }
   g_current = this;
   override_ = std::make_unique<rpmapp::detail::ProviderOverride>(fake_table);
@@ -641,6 +666,7 @@ FakeProvider::~FakeProvider() {
   for (auto* x : cqs_) delete x;
   for (auto* x : comp_channels_) delete x;
   for (auto* x : pds_) delete x;
+  for (auto* x : device_lists_) delete[] x;
   for (auto* ai : addrinfos_) {
     delete reinterpret_cast<sockaddr_storage*>(ai->ai_src_addr);
     delete reinterpret_cast<sockaddr_storage*>(ai->ai_dst_addr);
@@ -651,7 +677,13 @@ FakeProvider::~FakeProvider() {
 
 FakeProvider& FakeProvider::current() { return *g_current; }
 
-ibv_context* FakeProvider::context(int device) { return &contexts_[device]; }
+ibv_context* FakeProvider::context(int device) { return cm_contexts_[device]; }
+
+ibv_context* FakeProvider::foreign_context(int device) {
+  return cm_contexts_[device] == &contexts_[device] ? &foreign_[device] : &contexts_[device];
+}
+
+void FakeProvider::swap_contexts(int device) { cm_contexts_[device] = foreign_context(device); }
 
 std::string FakeProvider::address(int device) { return device_addresses[device]; }
 
@@ -678,7 +710,7 @@ std::vector<std::string> FakeProvider::calls_since(std::size_t mark) const {
 
 int FakeProvider::device_of_context(const ibv_context* ctx) const {
   for (int d = 0; d < device_count; ++d)
-    if (ctx == &contexts_[d]) return d;
+    if (ctx == &contexts_[d] || ctx == &foreign_[d]) return d;
   return -1;
 }
 
@@ -751,7 +783,7 @@ void FakeProvider::inject_connect_request(int listener_fd, const Request& reques
   auto* child = new rdma_cm_id{};
   child->channel = ch;
   child->ps = RDMA_PS_TCP;
-  child->verbs = &contexts_[request.device];
+  child->verbs = cm_contexts_[request.device];
   sockaddr_storage local{}, remote{};
   set_sockaddr(local, device_addresses[request.device], ids_[listener].port);
   set_sockaddr(remote, request.peer, request.peer_port);

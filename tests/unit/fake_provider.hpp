@@ -58,7 +58,15 @@ class FakeProvider {
   static FakeProvider& current();
 
   // ---- devices
+  /// librdmacm's context of `device`: in rdma_get_devices()'s list, and the one its
+  /// cm_ids carry (id->verbs).
   ibv_context* context(int device);
+  /// Another context of the same device (same ibv_device), as ibv_open_device gives:
+  /// verbs work on it, but rdma_create_qp refuses a protection domain on it.
+  ibv_context* foreign_context(int device);
+  /// Swaps which of the device's two contexts is librdmacm's, as when librdmacm has
+  /// reopened a device: Peers opened before hold a context the cm_ids no longer carry.
+  void swap_contexts(int device);
   static std::string address(int device);  ///< "169.254.77.1" / "169.254.78.1"
 
   // ---- fault injection and the call log
@@ -103,7 +111,7 @@ class FakeProvider {
 
   // ---- accounting
   /// Live resources of `kind`: "event_channel", "cm_id", "qp", "cq", "comp_channel", "pd",
-  /// "addrinfo", "unacked_event".
+  /// "addrinfo", "unacked_event", "device_list".
   long alive(const std::string& kind) const;
   /// Everything still alive and every recorded misuse, one per line; "" when clean.
   std::string problems() const;
@@ -156,6 +164,9 @@ class FakeProvider {
 
   ibv_device devices_[device_count]{};
   ibv_context contexts_[device_count]{};
+  ibv_context foreign_[device_count]{};
+  ibv_context* cm_contexts_[device_count]{};  // librdmacm's: &contexts_[d] or &foreign_[d]
+  std::set<ibv_context**> device_lists_;      // rdma_get_devices arrays not yet freed
 
   std::map<rdma_event_channel*, Channel> channels_;
   std::map<rdma_cm_id*, IdInfo> ids_;

@@ -12,9 +12,11 @@ TEST_CASE("Peer::open allocates a protection domain on the device", "[peer]") {
     CHECK(*peer.device_name() == "fake1");
     CHECK((*peer.pd())->context == fake.context(1));
     CHECK(fake.alive("pd") == 1);
-    CHECK(fake.calls() == std::vector<std::string>{"ibv_alloc_pd"});
+    CHECK(fake.calls() ==
+          std::vector<std::string>{"rdma_get_devices", "rdma_free_devices", "ibv_alloc_pd"});
   }
-  CHECK(fake.calls() == std::vector<std::string>{"ibv_alloc_pd", "ibv_dealloc_pd"});
+  CHECK(fake.calls() == std::vector<std::string>{"rdma_get_devices", "rdma_free_devices",
+                                                 "ibv_alloc_pd", "ibv_dealloc_pd"});
   fake.expect_clean();
 }
 
@@ -28,7 +30,8 @@ TEST_CASE("Peer::open with a null context is inval and calls nothing", "[peer][i
 
 TEST_CASE("Peer::open: each provider call fails in turn", "[peer][fail-each]") {
   for (int err : {kErr, ENOMEM}) {
-    fail_each_call({"ibv_alloc_pd"}, err, [](fake::FakeProvider& fake, Probe& probe) {
+    fail_each_call({"rdma_get_devices", "rdma_free_devices", "ibv_alloc_pd"}, err,
+                   [](fake::FakeProvider& fake, Probe& probe) {
       probe.begin();
       auto peer = Peer::open(fake.context(0));
       probe.end();
@@ -37,13 +40,95 @@ TEST_CASE("Peer::open: each provider call fails in turn", "[peer][fail-each]") {
   }
 }
 
-TEST_CASE("Peer::open: ibv_alloc_pd failing without errno is unknown", "[peer]") {
+TEST_CASE("Peer::open: a provider call failing without errno is unknown", "[peer]") {
+  for (const char* call : {"rdma_get_devices", "ibv_alloc_pd"}) {
+    INFO(call);
+    fake::FakeProvider fake;
+    fake.fail(call, 0);
+    auto peer = Peer::open(fake.context(0));
+    REQUIRE_FALSE(peer);
+    CHECK(peer.error().code() == errc::unknown);
+    CHECK(peer.error().call() == call);
+    fake.expect_clean();
+  }
+}
+
+TEST_CASE("issue 8.1: Peer::open refuses a context librdmacm does not own, naming the device",
+          "[peer][inval][issue8]") {
   fake::FakeProvider fake;
-  fake.fail("ibv_alloc_pd", 0);
-  auto peer = Peer::open(fake.context(0));
+  ibv_context* foreign = fake.foreign_context(1);
+  REQUIRE(foreign != fake.context(1));
+  REQUIRE(foreign->device == fake.context(1)->device);  // the same device
+  auto peer = Peer::open(foreign);
   REQUIRE_FALSE(peer);
-  CHECK(peer.error().code() == errc::unknown);
-  CHECK(peer.error().call() == "ibv_alloc_pd");
+  check_inval(peer.error(), "Peer::open", "device fake1 is not librdmacm's");
+  CHECK_THAT(peer.error().message(), Catch::Contains("rdma_get_devices()") &&
+                                         Catch::Contains("Peer::from_address"));
+  CHECK(fake.calls() == std::vector<std::string>{"rdma_get_devices", "rdma_free_devices"});
+  CHECK(fake.alive("pd") == 0);
+  // librdmacm's own context of the same device is accepted.
+  CHECK(Peer::open(fake.context(1)));
+  fake.expect_clean();
+}
+
+// After librdmacm has reopened a device (fake.swap_contexts), a Peer opened before holds a
+// context of the same name that the cm_ids no longer carry: names match, pointers do not.
+TEST_CASE("issue 8.1: listen compares the bound id's context with the Peer's by pointer",
+          "[peer][endpoint][inval][issue8]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake, 0);
+    fake.swap_contexts(0);
+    auto ep = Endpoint::listen(peer, "169.254.77.1", "7471");
+    REQUIRE_FALSE(ep);
+    check_inval(ep.error(), "Endpoint::listen", "belongs to device fake0 (librdmacm's context)");
+    CHECK_THAT(ep.error().message(), Catch::Contains("another context of fake0"));
+    auto shared = Endpoint::listen_shared(peer, "169.254.77.1", "7471");
+    REQUIRE_FALSE(shared);
+    check_inval(shared.error(), "Endpoint::listen_shared", "another context of fake0");
+    CHECK(fake.alive("cm_id") == 0);
+    CHECK(fake.alive("qp") == 0);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("issue 8.1: a wildcard listener compares the request's context with the Peer's by "
+          "pointer",
+          "[peer][endpoint][inval][issue8]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake, 0);
+    Endpoint ep = listen_on(peer, "");
+    fake.swap_contexts(0);
+    fake.inject_connect_request(*ep.fd(), {});
+    const auto mark = fake.mark();
+    auto req = ep.next_conn_req();
+    REQUIRE_FALSE(req);
+    check_inval(req.error(), "Endpoint::next_conn_req",
+                "a request arrived on device fake0 (librdmacm's context)");
+    CHECK_THAT(req.error().message(), Catch::Contains("another context of fake0"));
+    for (const auto& call : fake.calls_since(mark)) CHECK(call != "rdma_create_qp");
+    CHECK(fake.rejects.size() == 1);  // the request was refused, not left hanging
+    CHECK(fake.alive("qp") == 0);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("issue 8.1: ConnReq::to compares the resolved id's context with the Peer's by pointer",
+          "[peer][conn_req][inval][issue8]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake, 0);
+    fake.swap_contexts(0);
+    const auto mark = fake.mark();
+    auto req = ConnReq::to(peer, "169.254.77.9", "7471");
+    REQUIRE_FALSE(req);
+    check_inval(req.error(), "PendingConnReq::wait",
+                "the address is reached through device fake0 (librdmacm's context)");
+    CHECK_THAT(req.error().message(), Catch::Contains("another context of fake0"));
+    for (const auto& call : fake.calls_since(mark)) CHECK(call != "rdma_create_qp");
+    CHECK(fake.alive("cm_id") == 0);
+  }
   fake.expect_clean();
 }
 
@@ -103,6 +188,7 @@ TEST_CASE("Peer::from_address: each provider call fails in turn", "[peer][fail-e
     const bool local = kind == AddressKind::local;
     std::vector<std::string> calls = {"rdma_create_id", "rdma_getaddrinfo",
                                       local ? "rdma_bind_addr" : "rdma_resolve_addr",
+                                      "rdma_get_devices", "rdma_free_devices",
                                       "ibv_alloc_pd", "rdma_freeaddrinfo", "rdma_destroy_id"};
     fail_each_call(calls, kErr, [&](fake::FakeProvider&, Probe& probe) {
       probe.begin();

@@ -120,11 +120,19 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   if (p.bind_addr(id, (*info)->ai_src_addr) != 0) return fail(provider_error("rdma_bind_addr", errno));
   if (id->verbs != nullptr) {  // a specific address: one device, which must have a Peer
     state->device = std::string(device_name(id->verbs));
-    for (const Peer& peer : peers)
-      if (device_name(peer.state()->context) == state->device) state->peers.push_back(peer.state());
-    if (state->peers.empty())
-      return fail(invalid(call, "address {} belongs to device {}, but the peer is on {}", addr,
-                          state->device, device_name(peers[0].state()->context)));
+    // By pointer: requests carry librdmacm's context, the only one a queue pair accepts.
+    const Peer* same_name = nullptr;
+    for (const Peer& peer : peers) {
+      if (peer.state()->context == id->verbs) state->peers.push_back(peer.state());
+      else if (device_name(peer.state()->context) == state->device) same_name = &peer;
+    }
+    if (state->peers.empty()) {
+      const Peer& shown = same_name != nullptr ? *same_name : peers[0];
+      char what[96];
+      auto n = fmt::format_to_n(what, sizeof what, "address {} belongs to", addr);
+      return fail(context_mismatch(call, {what, std::min(n.size, sizeof what)}, id->verbs,
+                                   shown.state()->context));
+    }
   } else {
     for (const Peer& peer : peers) state->peers.push_back(peer.state());
   }
@@ -203,8 +211,14 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
   core->id = CmId((*event)->id, CmIdDeleter{true});
   store_private_data(core->private_data, **event);
   const std::string_view device = device_name(core->id->verbs);
-  for (const auto& peer : listener.peers)
-    if (device_name(peer->context) == device) core->peer = peer;
+  const PeerState* same_name = nullptr;
+  for (const auto& peer : listener.peers) {
+    if (peer->context == core->id->verbs) core->peer = peer;  // by pointer, as rdma_create_qp
+    else if (device_name(peer->context) == device) same_name = peer.get();
+  }
+  if (!core->peer && same_name != nullptr)
+    return fail(context_mismatch(call, "a request arrived on", core->id->verbs,
+                                 same_name->context));
   if (!core->peer)
     return fail(invalid(call, "a request arrived on device {}, for which the endpoint has no peer",
                         device));

@@ -33,6 +33,9 @@ struct Provider {
   int (*reject)(rdma_cm_id*, const void* private_data, uint8_t len);
   int (*connect)(rdma_cm_id*, rdma_conn_param*);
   int (*disconnect)(rdma_cm_id*);
+  // librdmacm's own device contexts (open for the process; the array is the caller's)
+  ibv_context** (*get_devices)(int* num_devices);
+  void (*free_devices)(ibv_context**);
   // libibverbs
   ibv_pd* (*alloc_pd)(ibv_context*);
   int (*dealloc_pd)(ibv_pd*);
@@ -65,6 +68,8 @@ inline const Provider system_provider = {
     rdma_reject,
     rdma_connect,
     rdma_disconnect,
+    rdma_get_devices,
+    rdma_free_devices,
     ibv_alloc_pd,
     ibv_dealloc_pd,
     ibv_create_comp_channel,
