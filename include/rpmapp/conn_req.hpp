@@ -88,10 +88,12 @@ class ConnReq {
     return Conn(std::move(core));
   }
 
-  /// Rejects an incoming request, sending `private_data` (at most 196 bytes) to the client,
-  /// and releases it (consumed, whatever the result, except on inval).
+  /// Rejects an incoming request, sending `private_data` (at most max_reject_private_data,
+  /// 148 bytes: the IB CM's REJ size, which the kernel enforces) to the client, and
+  /// releases it (consumed, whatever the result, except on inval).
   /// Errors:
-  /// - inval: empty request; an outgoing request; private data too long.
+  /// - inval: empty request; an outgoing request; private data too long (nothing is sent,
+  ///   the request is left as it was and can still be accepted).
   /// - provider: rdma_reject failed (the request is still released), or a release step
   ///   (ibv_destroy_cq, ibv_destroy_comp_channel, rdma_destroy_id) failed.
   expected<void> reject(std::span<const std::byte> private_data = {}) && noexcept {

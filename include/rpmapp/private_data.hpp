@@ -9,12 +9,14 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
-/// Private data limits of RDMA_PS_TCP (the IB CM's REQ, REP and REJ message sizes minus the
-/// rdma_cm header), checked before anything is sent. rdma_cm delivers private data padded
-/// with zeros to these sizes.
+/// Private data limits of RDMA_PS_TCP on InfiniBand and RoCE, checked before anything is
+/// sent. They are the IB CM's private data sizes: REQ 92 bytes less rdma_cm's 36-byte
+/// header (56), REP 196 and REJ 148 (rdma_cm adds no header to either; the kernel refuses
+/// a longer reject with EINVAL). rdma_cm delivers private data padded with zeros to these
+/// sizes.
 inline constexpr std::size_t max_connect_private_data = 56;
 inline constexpr std::size_t max_accept_private_data = 196;
-inline constexpr std::size_t max_reject_private_data = 196;
+inline constexpr std::size_t max_reject_private_data = 148;
 
 /// The bytes of `text` (without a terminating NUL), for connect/accept/reject private data.
 inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {

@@ -273,13 +273,13 @@ TEST_CASE("ConnReq::reject sends its private data and releases everything", "[co
     Peer peer = open_peer(fake);
     Endpoint ep = listen_on(peer, "169.254.77.1");
     ConnReq req = take_request(fake, ep);
-    const std::string too_long(197, 'x');
+    const std::string too_long(149, 'x');
     auto bad = std::move(req).reject(as_bytes(too_long));
     REQUIRE_FALSE(bad);
-    check_inval(bad.error(), "ConnReq::reject", "197");
+    check_inval(bad.error(), "ConnReq::reject", "149");
     CHECK(req);
     CHECK(fake.rejects.empty());
-    const std::string max(196, 'n');
+    const std::string max(148, 'n');
     CHECK(std::move(req).reject(as_bytes(max)));
     REQUIRE(fake.rejects.size() == 1);
     CHECK(fake.rejects[0].text() == max);
@@ -292,6 +292,36 @@ TEST_CASE("ConnReq::reject sends its private data and releases everything", "[co
     CHECK(out);
   }
   fake.expect_clean();
+}
+
+TEST_CASE("issue 8.3: reject private data is limited to the IB CM's 148 bytes",
+          "[conn_req][inval][issue8]") {
+  CHECK(max_reject_private_data == 148);
+  for (std::size_t size : {149u, 150u, 196u}) {
+    INFO("size " << size);
+    fake::FakeProvider fake;
+    {
+      Peer peer = open_peer(fake);
+      Endpoint ep = listen_on(peer, "169.254.77.1");
+      ConnReq req = take_request(fake, ep, {0, "hi"});
+      const std::string data(size, 'r');
+      const auto mark = fake.mark();
+      auto bad = std::move(req).reject(as_bytes(data));
+      REQUIRE_FALSE(bad);
+      check_inval(bad.error(), "ConnReq::reject", std::to_string(size) + " bytes");
+      CHECK_THAT(bad.error().message(), Catch::Contains("148"));
+      CHECK(fake.calls_since(mark).empty());  // nothing sent
+      REQUIRE(req);                           // the request is left as it was
+      CHECK(as_text(*req.private_data()) == "hi");
+      CHECK(fake.alive("qp") == 1);
+      // and can still be answered
+      auto conn = std::move(req).connect();
+      REQUIRE(conn);
+      CHECK(fake.accepts.size() == 1);
+    }
+    CHECK(fake.rejects.empty());
+    fake.expect_clean();
+  }
 }
 
 TEST_CASE("ConnReq::reject: each provider call fails in turn", "[conn_req][fail-each]") {

@@ -97,6 +97,7 @@ TEST_CASE("Conn: the accept's and the reject's private data", "[conn]") {
     fake.inject_event(*conn.fd(), RDMA_CM_EVENT_REJECTED, "go away", 28);
     CHECK(*conn.try_next_event() == ConnEvent::rejected);
     CHECK(as_text(*conn.private_data()) == "go away");
+    CHECK(conn.private_data()->size() == max_reject_private_data);  // the IB CM's REJ size
   }
   SECTION("accepting side: the request's data stays") {
     Endpoint ep = listen_on(peer, "169.254.77.1");

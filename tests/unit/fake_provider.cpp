@@ -16,6 +16,7 @@ FakeProvider* g_current = nullptr;
 
 constexpr std::size_t connect_pad = 56;
 constexpr std::size_t accept_pad = 196;
+constexpr std::size_t reject_pad = 148;  // IB_CM_REJ_PRIVATE_DATA_SIZE
 
 in_addr ipv4(const char* text) {
   in_addr a{};
@@ -430,6 +431,10 @@ struct FakeProvider::Impl {
   static int reject(rdma_cm_id* id, const void* data, uint8_t len) {
     if (fails("rdma_reject")) return -1;
     if (!id_ok(id, "rdma_reject")) return -1;
+    if (data != nullptr && len > reject_pad) {  // ib_send_cm_rej refuses it; nothing is sent
+      errno = EINVAL;
+      return -1;
+    }
     f().rejects.push_back({id, bytes(data, len)});
     return 0;
   }
@@ -804,8 +809,8 @@ void FakeProvider::inject_event(int fd, rdma_cm_event_type type, std::string_vie
     if (id->channel == ch) target = id;
   REQUIRE(target != nullptr);
   std::size_t pad_to = 0;
-  if (pad && (type == RDMA_CM_EVENT_ESTABLISHED || type == RDMA_CM_EVENT_REJECTED))
-    pad_to = accept_pad;
+  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = accept_pad;
+  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = reject_pad;
   queue_event(ch, make_event(target, type, data, pad_to, status));
 }
 

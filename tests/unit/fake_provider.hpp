@@ -83,7 +83,7 @@ class FakeProvider {
   /// Queues a CONNECT_REQUEST on the listening channel with fd `listener_fd`.
   void inject_connect_request(int listener_fd, const Request& request);
   /// Queues `type` for the (only) cm_id on the channel with fd `fd`. Private data is padded
-  /// as rdma_cm does (196 bytes for ESTABLISHED and REJECTED) unless `pad` is false.
+  /// as rdma_cm does (196 bytes for ESTABLISHED, 148 for REJECTED) unless `pad` is false.
   void inject_event(int fd, rdma_cm_event_type type, std::string_view private_data = {},
                     int status = 0, bool pad = true);
   /// Events queued (not yet taken) on the channel with fd `fd`.
