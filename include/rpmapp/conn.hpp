@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,7 +19,9 @@ RPMAPP_BEGIN_NAMESPACE
 /// What Conn::next_event reports (librpma's enum rpma_conn_event).
 enum class ConnEvent {
   established,  ///< the connection is up (RDMA_CM_EVENT_ESTABLISHED)
-  closed,       ///< the peer or we disconnected (DISCONNECTED, TIMEWAIT_EXIT)
+  closed,       ///< the peer or we disconnected: reported once per connection, for the
+                ///< first of DISCONNECTED and TIMEWAIT_EXIT (the other is acknowledged and
+                ///< not reported)
   lost,         ///< the connection failed or its device went away (CONNECT_ERROR, DEVICE_REMOVAL)
   rejected,     ///< the peer rejected the request; private_data() has its reject data
   unreachable,  ///< the peer did not answer (UNREACHABLE). On an established connection
@@ -51,7 +54,11 @@ class Conn {
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
-  /// Waits for the next connection event.
+  /// Waits for the next connection event. ConnEvent::closed comes once per connection:
+  /// rdma_cm reports the end of a connection twice (DISCONNECTED, then TIMEWAIT_EXIT when
+  /// the queue pair leaves the CM's time-wait), so the first is reported (whichever it is)
+  /// and the second is acknowledged, not reported, and the call goes on waiting. After
+  /// closed nothing more is reported: next_event() would wait forever.
   /// Errors:
   /// - inval: the Conn is empty.
   /// - no_event: the event fd was made non-blocking and nothing is pending.
@@ -59,9 +66,10 @@ class Conn {
   /// - unknown: an event that has no ConnEvent (it is acknowledged; the reason names it).
   /// - nomem: out of memory storing the peer's private data.
   expected<ConnEvent> next_event() noexcept { return next("Conn::next_event", detail::Wait::forever()); }
-  /// As next_event, but returns no_event at once when nothing is pending.
+  /// As next_event, but returns no_event at once when nothing is pending (also when all
+  /// that was pending was the second end-of-connection event, acknowledged and dropped).
   expected<ConnEvent> try_next_event() noexcept { return next("Conn::try_next_event", detail::Wait::none()); }
-  /// As next_event, but returns no_event when nothing arrived within `timeout`.
+  /// As next_event, but returns no_event when nothing to report arrived within `timeout`.
   expected<ConnEvent> next_event_for(std::chrono::milliseconds timeout) noexcept {
     return next("Conn::next_event_for", detail::Wait::bounded(timeout));
   }
@@ -156,7 +164,22 @@ class Conn {
 
   expected<ConnEvent> next(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
-    return detail::no_throw(call, [&]() -> expected<ConnEvent> {
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + std::chrono::milliseconds(wait.ms);
+    for (;;) {
+      auto event = next_once(call, wait);
+      if (!event) return detail::fail(event.error());
+      if (*event) return **event;
+      // Swallowed the second end-of-connection event: wait on within the caller's bound.
+      if (wait.ms > 0)
+        wait = detail::Wait::bounded(
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
+    }
+  }
+
+  // Takes and acknowledges one event: its ConnEvent, or nullopt for one not reported.
+  expected<std::optional<ConnEvent>> next_once(const char* call, detail::Wait wait) noexcept {
+    return detail::no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
       auto event = detail::next_cm_event(core_->channel.get(), wait);
       if (!event) return detail::fail(event.error());
       const rdma_cm_event_type type = (*event)->event;
@@ -172,7 +195,10 @@ class Conn {
         case RDMA_CM_EVENT_CONNECT_ERROR:
         case RDMA_CM_EVENT_DEVICE_REMOVAL: return ConnEvent::lost;
         case RDMA_CM_EVENT_DISCONNECTED:
-        case RDMA_CM_EVENT_TIMEWAIT_EXIT: return ConnEvent::closed;
+        case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+          if (closed_) return std::nullopt;
+          closed_ = true;
+          return ConnEvent::closed;
         case RDMA_CM_EVENT_REJECTED: return ConnEvent::rejected;
         case RDMA_CM_EVENT_UNREACHABLE: return ConnEvent::unreachable;
         default:
@@ -184,6 +210,7 @@ class Conn {
   }
 
   std::unique_ptr<detail::ConnectionCore> core_;
+  bool closed_ = false;  // closed was reported
 };
 
 RPMAPP_END_NAMESPACE

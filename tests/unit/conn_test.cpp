@@ -112,6 +112,69 @@ TEST_CASE("Conn: the accept's and the reject's private data", "[conn]") {
   }
 }
 
+TEST_CASE("issue 8.9: closed is reported once per connection", "[conn][issue8]") {
+  const Variant variants[] = {Variant::blocking, Variant::non_blocking, Variant::timeout};
+  SECTION("DISCONNECTED then TIMEWAIT_EXIT: one closed, then no_event") {
+    for (auto v : variants) {
+      INFO("variant " << static_cast<int>(v));
+      fake::FakeProvider fake;
+      {
+        Peer peer = open_peer(fake);
+        Conn conn = connect_out(peer);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_TIMEWAIT_EXIT);
+        auto first = next(conn, v);
+        REQUIRE(first);
+        CHECK(*first == ConnEvent::closed);
+        // A bounded or non-blocking call that only finds the second one reports nothing.
+        auto second = next(conn, v == Variant::blocking ? Variant::non_blocking : v);
+        REQUIRE_FALSE(second);
+        CHECK(second.error().code() == errc::no_event);
+        CHECK(fake.queued(*conn.fd()) == 0);       // it was taken
+        CHECK(fake.alive("unacked_event") == 0);  // and acknowledged
+      }
+      fake.expect_clean();
+    }
+  }
+  SECTION("TIMEWAIT_EXIT alone: closed once") {
+    for (auto v : variants) {
+      INFO("variant " << static_cast<int>(v));
+      fake::FakeProvider fake;
+      {
+        Peer peer = open_peer(fake);
+        Conn conn = connect_out(peer);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_TIMEWAIT_EXIT);
+        auto first = next(conn, v);
+        REQUIRE(first);
+        CHECK(*first == ConnEvent::closed);
+        auto second = conn.try_next_event();
+        REQUIRE_FALSE(second);
+        CHECK(second.error().code() == errc::no_event);
+      }
+      fake.expect_clean();
+    }
+  }
+  SECTION("the swallowed event does not hide the next one, even from a blocking call") {
+    for (auto v : variants) {
+      INFO("variant " << static_cast<int>(v));
+      fake::FakeProvider fake;
+      {
+        Peer peer = open_peer(fake);
+        Conn conn = connect_out(peer);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_TIMEWAIT_EXIT);
+        fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DEVICE_REMOVAL);
+        CHECK(*next(conn, v) == ConnEvent::closed);
+        auto after = next(conn, v);
+        REQUIRE(after);
+        CHECK(*after == ConnEvent::lost);
+        CHECK(fake.alive("unacked_event") == 0);
+      }
+      fake.expect_clean();
+    }
+  }
+}
+
 TEST_CASE("Conn::next_event: nothing pending is no_event", "[conn]") {
   fake::FakeProvider fake;
   Peer peer = open_peer(fake);
