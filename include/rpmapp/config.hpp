@@ -22,11 +22,17 @@ struct ConnConfig {
   std::uint32_t sq_size = 10;
   /// Receive queue size (max outstanding receive work requests). >= 1.
   std::uint32_t rq_size = 10;
-  /// Transport retries before the QP reports an error, 0..7. The default is 6, not
-  /// librpma's 7: on rxe (and per IBTA) 7 means "retry forever", so a vanished peer would
-  /// never be detected; with 6 the sender sees a retry-exceeded error (about 15 s on rxe).
+  /// Transport retries before a queue pair reports an error, 0..7. Only the CONNECTING
+  /// side's value is used, and it sets BOTH queue pairs (it travels in the IB CM request;
+  /// the accepting side's retry_count is ignored: measured on rxe with ibv_query_qp).
+  /// The default is 6, not librpma's 7: rxe never counts down a count of 7 ("retry
+  /// forever"), so a vanished peer would never be detected; with 6 a sender sees a
+  /// retry-exceeded error (about 15 s on rxe). A server depends on its clients for this.
   std::uint8_t retry_count = 6;
-  /// Receiver-not-ready retries, 0..7; 7 = retry forever (the usual choice, as librpma).
+  /// Receiver-not-ready retries, 0..7 (7 = retry forever). Each side's value sets the
+  /// OTHER side's queue pair (the client's travels in the request, the server's in the
+  /// reply): it is how long the peer keeps retrying while this side has no receive
+  /// posted. Default 7, as librpma: a receiver that is alive is waited for.
   std::uint8_t rnr_retry_count = 7;
 };
 
