@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
+#include <net/if.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,18 +26,53 @@ in_addr ipv4(const char* text) {
 }
 
 const char* const device_addresses[device_count] = {"169.254.77.1", "169.254.78.1"};
+// Each device's IPv6 link-local address, on the netdev `lo` (the one interface every
+// host has, so that the library's scope checks pass): "fe80::77:1%lo".
+const char* const device_addresses6[device_count] = {"fe80::77:1", "fe80::78:1"};
 
-void set_sockaddr(sockaddr_storage& out, const std::string& addr, std::uint16_t port) {
+// "addr" or "addr%scope" as getaddrinfo(AI_NUMERICHOST) parses it: a name scope only on
+// a link-local address, a decimal one on any IPv6 address. False when not numeric.
+bool set_sockaddr(sockaddr_storage& out, const std::string& text, std::uint16_t port) {
   std::memset(&out, 0, sizeof out);
   auto* sin = reinterpret_cast<sockaddr_in*>(&out);
   auto* sin6 = reinterpret_cast<sockaddr_in6*>(&out);
-  if (inet_pton(AF_INET, addr.c_str(), &sin->sin_addr) == 1) {
+  const auto percent = text.find('%');
+  const std::string addr = text.substr(0, percent);
+  if (percent == std::string::npos && inet_pton(AF_INET, addr.c_str(), &sin->sin_addr) == 1) {
     sin->sin_family = AF_INET;
     sin->sin_port = htons(port);
-  } else if (inet_pton(AF_INET6, addr.c_str(), &sin6->sin6_addr) == 1) {
-    sin6->sin6_family = AF_INET6;
-    sin6->sin6_port = htons(port);
+    return true;
   }
+  if (inet_pton(AF_INET6, addr.c_str(), &sin6->sin6_addr) != 1) return false;
+  sin6->sin6_family = AF_INET6;
+  sin6->sin6_port = htons(port);
+  if (percent == std::string::npos) return true;
+  const std::string scope = text.substr(percent + 1);
+  if (!scope.empty() && scope.find_first_not_of("0123456789") == std::string::npos) {
+    sin6->sin6_scope_id = static_cast<std::uint32_t>(std::strtoul(scope.c_str(), nullptr, 10));
+    return true;
+  }
+  if (IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr)) sin6->sin6_scope_id = if_nametoindex(scope.c_str());
+  return sin6->sin6_scope_id != 0;
+}
+
+// The device whose IPv4 or IPv6 address `sa` is, or -1.
+int device_owning(const sockaddr* sa) {
+  for (int d = 0; d < device_count; ++d) {
+    sockaddr_storage own{};
+    if (sa->sa_family == AF_INET) {
+      set_sockaddr(own, device_addresses[d], 0);
+      if (reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr ==
+          reinterpret_cast<const sockaddr_in*>(&own)->sin_addr.s_addr)
+        return d;
+    } else if (sa->sa_family == AF_INET6) {
+      set_sockaddr(own, device_addresses6[d], 0);
+      if (std::memcmp(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr,
+                      &reinterpret_cast<const sockaddr_in6*>(&own)->sin6_addr, sizeof(in6_addr)) == 0)
+        return d;
+    }
+  }
+  return -1;
 }
 
 std::size_t sockaddr_len(const sockaddr* sa) {
@@ -161,14 +197,11 @@ struct FakeProvider::Impl {
     if (fails("rdma_getaddrinfo")) return -1;
     sockaddr_storage addr{};
     std::string text = node ? node : "";
-    in6_addr probe{};
-    if (inet_pton(AF_INET, text.c_str(), &probe) != 1 &&
-        inet_pton(AF_INET6, text.c_str(), &probe) != 1) {
+    int port = service ? std::atoi(service) : 0;
+    if (!set_sockaddr(addr, text, static_cast<std::uint16_t>(port))) {
       errno = EADDRNOTAVAIL;
       return -1;
     }
-    int port = service ? std::atoi(service) : 0;
-    set_sockaddr(addr, text, static_cast<std::uint16_t>(port));
     auto* ai = new rdma_addrinfo{};
     auto* sa = reinterpret_cast<sockaddr*>(new sockaddr_storage(addr));
     ai->ai_family = addr.ss_family;
@@ -212,13 +245,15 @@ struct FakeProvider::Impl {
       return -1;
     }
     int device = -1;
-    if (!is_wildcard(addr)) {
-      for (int d = 0; d < device_count; ++d) {
-        in_addr own = ipv4(device_addresses[d]);
-        if (addr->sa_family == AF_INET &&
-            reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr == own.s_addr)
-          device = d;
+    if (addr->sa_family == AF_INET6) {  // the kernel's cma_check_linklocal
+      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr) && sin6->sin6_scope_id == 0) {
+        errno = EINVAL;
+        return -1;
       }
+    }
+    if (!is_wildcard(addr)) {
+      device = device_owning(addr);
       if (device < 0) {
         errno = EADDRNOTAVAIL;
         return -1;
@@ -226,9 +261,11 @@ struct FakeProvider::Impl {
     }
     std::uint16_t port = port_of(addr);
     if (port == 0) port = f().next_port_++;
+    // Two specific addresses of one device clash only within a family (they differ).
     for (auto& [other, info] : f().ids_)
       if (other != id && info.bound && info.port == port &&
-          (info.device < 0 || device < 0 || info.device == device)) {
+          (info.device < 0 || device < 0 ||
+           (info.device == device && other->route.addr.src_addr.sa_family == addr->sa_family))) {
         errno = EADDRINUSE;
         return -1;
       }
@@ -268,7 +305,13 @@ struct FakeProvider::Impl {
     std::memcpy(&id->route.addr.dst_storage, dst, sockaddr_len(dst));
     if (device >= 0) {
       sockaddr_storage local{};
-      set_sockaddr(local, device_addresses[device], f().next_port_++);
+      if (dst->sa_family == AF_INET6) {  // the source keeps the destination's scope
+        set_sockaddr(local, device_addresses6[device], f().next_port_++);
+        reinterpret_cast<sockaddr_in6*>(&local)->sin6_scope_id =
+            reinterpret_cast<const sockaddr_in6*>(dst)->sin6_scope_id;
+      } else {
+        set_sockaddr(local, device_addresses[device], f().next_port_++);
+      }
       std::memcpy(&id->route.addr.src_storage, &local, sizeof local);
     }
     if (id->channel == nullptr) {  // a synchronous id: resolved (or not) on return
@@ -729,6 +772,17 @@ FakeProvider::Channel* FakeProvider::channel_by_fd(int fd, rdma_event_channel** 
 }
 
 int FakeProvider::resolve_device(const sockaddr* dst) const {
+  if (dst->sa_family == AF_INET6) {  // fe80::77:* through fake0, fe80::78:* through fake1
+    const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(dst);
+    if (!IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr) || sin6->sin6_scope_id == 0) return -1;
+    sockaddr_storage own{};
+    for (int d = 0; d < device_count; ++d) {
+      set_sockaddr(own, device_addresses6[d], 0);
+      if (std::memcmp(&sin6->sin6_addr, &reinterpret_cast<const sockaddr_in6*>(&own)->sin6_addr, 14) == 0)
+        return d;
+    }
+    return -1;
+  }
   if (dst->sa_family != AF_INET) return -1;
   std::uint32_t a = ntohl(reinterpret_cast<const sockaddr_in*>(dst)->sin_addr.s_addr);
   for (int d = 0; d < device_count; ++d) {
@@ -790,8 +844,11 @@ void FakeProvider::inject_connect_request(int listener_fd, const Request& reques
   child->ps = RDMA_PS_TCP;
   child->verbs = cm_contexts_[request.device];
   sockaddr_storage local{}, remote{};
-  set_sockaddr(local, device_addresses[request.device], ids_[listener].port);
+  // An IPv6 request has IPv6 addresses, without scope ids (the kernel's cma_save_ip6_info).
   set_sockaddr(remote, request.peer, request.peer_port);
+  set_sockaddr(local, remote.ss_family == AF_INET6 ? device_addresses6[request.device]
+                                                   : device_addresses[request.device],
+               ids_[listener].port);
   std::memcpy(&child->route.addr.src_storage, &local, sizeof local);
   std::memcpy(&child->route.addr.dst_storage, &remote, sizeof remote);
   auto* ev = make_event(child, RDMA_CM_EVENT_CONNECT_REQUEST, request.private_data, connect_pad, 0);
