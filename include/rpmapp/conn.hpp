@@ -117,11 +117,12 @@ class Conn {
     if (!core_) return detail::fail(detail::moved_from("Conn::rcq"));
     return core_->rcq.get();
   }
-  /// The other side's numeric address. Errors: inval when empty; nomem.
+  /// The other side's numeric address; a link-local IPv6 one with its scope
+  /// ("fe80::1%eth0"), so it can be passed to ConnReq::to. Errors: inval when empty; nomem.
   expected<std::string> peer_address() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::peer_address"));
     return detail::no_throw("Conn::peer_address", [&]() -> expected<std::string> {
-      return detail::address_of(rdma_get_peer_addr(core_->id.get()));
+      return detail::peer_address_of(core_->id.get());
     });
   }
   /// The other side's port. Errors: inval when empty.

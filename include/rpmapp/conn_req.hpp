@@ -34,9 +34,11 @@ class ConnReq {
   /// Resolves `addr`:`port` (each step bounded by `config.timeout`) and creates the queue
   /// pair on `peer`. Blocks; see start() for the non-blocking form.
   /// Errors:
-  /// - inval: empty `peer`; `addr` not a numeric address; `port` not decimal 0..65535 (or 0);
-  ///   a bad `config`; the address is reached through another device than `peer`'s (or
-  ///   through a librdmacm context other than `peer`'s: compared by pointer).
+  /// - inval: empty `peer`; `addr` not a numeric address, a link-local IPv6 one without its
+  ///   scope ("fe80::1%eth0"), a scope naming no interface or on another kind of address;
+  ///   `port` not decimal 0..65535 (or 0); a bad `config`; the address is reached through
+  ///   another device than `peer`'s (or through a librdmacm context other than `peer`'s:
+  ///   compared by pointer).
   /// - provider: rdma_create_event_channel, rdma_create_id, rdma_getaddrinfo,
   ///   rdma_resolve_addr, rdma_resolve_route (also an ADDR_ERROR / ROUTE_ERROR event, errno
   ///   from its status), rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
@@ -140,11 +142,12 @@ class ConnReq {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::copy_private_data"));
     return detail::copy_out("ConnReq::copy_private_data", core_->private_data, out);
   }
-  /// The other side's numeric address. Errors: inval when empty; nomem.
+  /// The other side's numeric address; a link-local IPv6 one with its scope
+  /// ("fe80::1%eth0"), so it can be passed to ConnReq::to. Errors: inval when empty; nomem.
   expected<std::string> peer_address() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_address"));
     return detail::no_throw("ConnReq::peer_address", [&]() -> expected<std::string> {
-      return detail::address_of(rdma_get_peer_addr(core_->id.get()));
+      return detail::peer_address_of(core_->id.get());
     });
   }
   /// The other side's port. Errors: inval when empty.

@@ -28,11 +28,16 @@ RPMAPP_BEGIN_NAMESPACE
 class Endpoint {
  public:
   /// Listens on `addr`:`port` with `peer`. A specific address restricts the listener to
-  /// that address and its device; a wildcard ("", "0.0.0.0", "::") listens on all devices.
+  /// that address and its device; a wildcard listens on all devices: "0.0.0.0" for IPv4
+  /// clients, "::" for IPv4 and IPv6 ones (IPv6 only when net.ipv6.bindv6only is 1), ""
+  /// binds "::" (or "0.0.0.0" where IPv6 is refused). An IPv6 link-local address needs
+  /// its scope: "fe80::1%eth0" or "fe80::1%3".
   /// Port "0" lets the CM choose a free port: read it back with port().
   /// Errors:
-  /// - inval: empty `peer`; `addr` not a numeric IPv4/IPv6 address; `port` not a decimal
-  ///   0..65535; a negative backlog; `addr` belongs to another device than `peer`'s.
+  /// - inval: empty `peer`; `addr` not a numeric IPv4/IPv6 address, a link-local one
+  ///   without a scope, a scope naming no interface or on another kind of address; `port`
+  ///   not a decimal 0..65535; a negative backlog; `addr` belongs to another device than
+  ///   `peer`'s.
   /// - provider: rdma_create_event_channel, rdma_create_id, rdma_getaddrinfo,
   ///   rdma_bind_addr or rdma_listen failed (errno and call in the Error; e.g. EADDRINUSE).
   /// - nomem: out of memory.
@@ -122,7 +127,8 @@ class Endpoint {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::port"));
     return state_->port;
   }
-  /// The bound numeric address ("0.0.0.0" or "::" for a wildcard listener).
+  /// The bound numeric address ("0.0.0.0" or "::" for a wildcard listener; "::" for "");
+  /// a link-local one with its scope as an interface name ("fe80::1%eth0").
   /// Errors: inval when empty; nomem.
   expected<std::string> local_address() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::local_address"));

@@ -70,7 +70,9 @@ class Peer {
   /// address `addr`, as rpma_utils_get_ibv_context does. A remote lookup resolves the
   /// address and may block up to `timeout`.
   /// Errors:
-  /// - inval: `addr` is not a numeric IPv4/IPv6 address; no RDMA device has it.
+  /// - inval: `addr` is not a numeric IPv4/IPv6 address, is link-local IPv6 without its
+  ///   scope ("fe80::1%eth0"), or has a scope naming no interface or on another kind of
+  ///   address; no RDMA device has it.
   /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr,
   ///   rdma_get_devices or ibv_alloc_pd failed (errno and call in the Error).
   /// - nomem: out of memory.

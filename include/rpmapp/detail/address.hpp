@@ -5,10 +5,14 @@
 #include <rpmapp/detail/handles.hpp>
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -31,23 +35,108 @@ inline expected<std::uint16_t> parse_port(const char* call, std::string_view por
   return static_cast<std::uint16_t>(value);
 }
 
-/// "", "0.0.0.0" and "::" listen on all devices.
-inline bool is_wildcard(std::string_view addr) noexcept {
-  return addr.empty() || addr == "0.0.0.0" || addr == "::";
+/// A numeric address split at its '%': "fe80::1%eth0" -> "fe80::1" and "eth0".
+struct ScopedText {
+  std::string_view host;
+  std::string_view scope;  // empty when there is no '%'
+  bool has_scope = false;
+};
+
+inline ScopedText split_scope(std::string_view addr) noexcept {
+  const auto percent = addr.find('%');
+  if (percent == std::string_view::npos) return {addr, {}, false};
+  return {addr.substr(0, percent), addr.substr(percent + 1), true};
 }
 
-/// A numeric IPv4 or IPv6 address (no name resolution, which could block for long).
-inline expected<void> check_numeric_address(const char* call, std::string_view addr) noexcept {
+/// inet_pton of `host` for `family` into `out` (an in_addr or in6_addr).
+inline bool parse_host(int family, std::string_view host, void* out) noexcept {
   char text[INET6_ADDRSTRLEN + 1];
-  in6_addr storage{};
-  bool ok = !addr.empty() && addr.size() < sizeof text;
-  if (ok) {
-    addr.copy(text, addr.size());
-    text[addr.size()] = '\0';
-    ok = inet_pton(AF_INET, text, &storage) == 1 || inet_pton(AF_INET6, text, &storage) == 1;
+  if (host.empty() || host.size() >= sizeof text) return false;
+  host.copy(text, host.size());
+  text[host.size()] = '\0';
+  return inet_pton(family, text, out) == 1;
+}
+
+/// The interface index a scope names: a decimal index or an interface name; 0 when no
+/// interface has it (getaddrinfo, and so rdma_getaddrinfo, accepts both forms).
+inline unsigned scope_index(std::string_view scope) noexcept {
+  char text[IF_NAMESIZE + 1];
+  if (scope.empty() || scope.size() >= sizeof text) return 0;
+  scope.copy(text, scope.size());
+  text[scope.size()] = '\0';
+  if (scope.find_first_not_of("0123456789") == std::string_view::npos) {
+    if (scope.size() > 10) return 0;
+    const unsigned long long index = std::strtoull(text, nullptr, 10);
+    char name[IF_NAMESIZE];
+    if (index == 0 || index > UINT32_MAX || if_indextoname(static_cast<unsigned>(index), name) == nullptr)
+      return 0;
+    return static_cast<unsigned>(index);
   }
-  if (!ok) return fail(invalid(call, "address \"{}\" is not a numeric IPv4 or IPv6 address", addr));
+  return if_nametoindex(text);
+}
+
+/// A numeric IPv4 or IPv6 address (no name resolution, which could block for long). An
+/// IPv6 link-local address needs a scope, "fe80::1%eth0" or "fe80::1%3", naming an
+/// existing interface: rdma_cm refuses a link-local bind without one (EINVAL) and cannot
+/// route to one; a scope on any other address is refused (the kernel would ignore it).
+inline expected<void> check_numeric_address(const char* call, std::string_view addr) noexcept {
+  const ScopedText parts = split_scope(addr);
+  in6_addr v6{};
+  in_addr v4{};
+  if (parse_host(AF_INET, parts.host, &v4)) {
+    if (parts.has_scope)
+      return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only", addr));
+    return {};
+  }
+  if (!parse_host(AF_INET6, parts.host, &v6))
+    return fail(invalid(call, "address \"{}\" is not a numeric IPv4 or IPv6 address", addr));
+  const bool link_local = IN6_IS_ADDR_LINKLOCAL(&v6);
+  if (!parts.has_scope) {
+    if (link_local)
+      return fail(invalid(call, "link-local address \"{}\" needs a scope: \"{}%<interface>\"", addr, addr));
+    return {};
+  }
+  if (!link_local)
+    return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only", addr));
+  if (scope_index(parts.scope) == 0)
+    return fail(invalid(call, "address \"{}\": no network interface \"{}\"", addr, parts.scope));
   return {};
+}
+
+/// The canonical text of a numeric address ("::0" -> "::", "FE80::0001%3" ->
+/// "fe80::1%eth0": the scope as the interface's name when it has one); "" when it is not
+/// numeric. Equals address_of() of the address rdma_getaddrinfo makes of `addr`.
+inline std::string canonical_address(std::string_view addr) {
+  const ScopedText parts = split_scope(addr);
+  in6_addr storage{};
+  char out[INET6_ADDRSTRLEN] = "";
+  if (parse_host(AF_INET, parts.host, &storage)) {
+    if (parts.has_scope) return {};
+    inet_ntop(AF_INET, &storage, out, sizeof out);
+    return out;
+  }
+  if (!parse_host(AF_INET6, parts.host, &storage)) return {};
+  inet_ntop(AF_INET6, &storage, out, sizeof out);
+  std::string text(out);
+  if (parts.has_scope) {
+    if (parts.scope.empty()) return {};
+    char name[IF_NAMESIZE];
+    const unsigned index = scope_index(parts.scope);
+    text += '%';
+    if (index != 0 && if_indextoname(index, name) != nullptr) text += name;
+    else text += parts.scope;
+  }
+  return text;
+}
+
+/// "", and any spelling of 0.0.0.0 or :: ("::0", "0::0"), listen on all devices.
+inline bool is_wildcard(std::string_view addr) noexcept {
+  if (addr.empty()) return true;
+  in6_addr v6{};
+  in_addr v4{};
+  if (addr.find('%') != std::string_view::npos) return false;
+  if (parse_host(AF_INET, addr, &v4)) return v4.s_addr == htonl(INADDR_ANY);
+  return parse_host(AF_INET6, addr, &v6) && IN6_IS_ADDR_UNSPECIFIED(&v6);
 }
 
 /// rdma_getaddrinfo for a numeric address and port (RDMA_PS_TCP). `passive` binds.
@@ -69,18 +158,6 @@ inline expected<AddrInfo> get_addr_info(const std::string& node, const std::stri
   return AddrInfo(info);
 }
 
-/// The canonical text of a numeric address ("::0" -> "::"); "" when it is not numeric.
-inline std::string canonical_address(std::string_view addr) {
-  const std::string text(addr);
-  in6_addr storage{};
-  char out[INET6_ADDRSTRLEN] = "";
-  for (int family : {AF_INET, AF_INET6})
-    if (inet_pton(family, text.c_str(), &storage) == 1 &&
-        inet_ntop(family, &storage, out, sizeof out) != nullptr)
-      return out;
-  return {};
-}
-
 inline std::uint16_t port_of(const sockaddr* sa) noexcept {
   if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
   if (sa->sa_family == AF_INET6)
@@ -88,14 +165,64 @@ inline std::uint16_t port_of(const sockaddr* sa) noexcept {
   return 0;
 }
 
-/// The numeric address of `sa` ("" for an unknown family).
+/// The numeric address of `sa` ("" for an unknown family). An IPv6 address with a scope
+/// id gets it back as "%<interface name>" (or "%<index>" when no interface has that
+/// index), as getnameinfo(NI_NUMERICHOST) writes it, so that the text can be passed back
+/// to ConnReq::to or Endpoint::listen.
 inline std::string address_of(const sockaddr* sa) {
   char text[INET6_ADDRSTRLEN] = "";
-  if (sa->sa_family == AF_INET)
+  if (sa->sa_family == AF_INET) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, text, sizeof text);
-  else if (sa->sa_family == AF_INET6)
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, text, sizeof text);
-  return text;
+    return text;
+  }
+  if (sa->sa_family != AF_INET6) return text;
+  const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(sa);
+  inet_ntop(AF_INET6, &sin6->sin6_addr, text, sizeof text);
+  std::string out(text);
+  if (sin6->sin6_scope_id != 0) {
+    char name[IF_NAMESIZE];
+    out += '%';
+    if (if_indextoname(sin6->sin6_scope_id, name) != nullptr) out += name;
+    else out += std::to_string(sin6->sin6_scope_id);
+  }
+  return out;
+}
+
+/// The index of the one interface that carries the IPv6 address `local`; 0 when none or
+/// several do, or getifaddrs fails.
+inline unsigned interface_with(const in6_addr& local) noexcept {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return 0;
+  unsigned found = 0;
+  bool several = false;
+  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET6) continue;
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+    if (std::memcmp(&a->sin6_addr, &local, sizeof local) != 0) continue;
+    const unsigned index = if_nametoindex(i->ifa_name);
+    if (found != 0 && index != found) several = true;
+    found = index;
+  }
+  freeifaddrs(list);
+  return several ? 0 : found;
+}
+
+/// The peer address of a connection's `id`, as address_of writes it. rdma_cm reports an
+/// accepted request's addresses without a scope id (cma_save_ip6_info), so a link-local
+/// peer gets the scope of the local address, or else of the one interface that carries
+/// the local address (the request came in on that link).
+inline std::string peer_address_of(rdma_cm_id* id) {
+  const sockaddr* peer = rdma_get_peer_addr(id);
+  if (peer->sa_family != AF_INET6) return address_of(peer);
+  sockaddr_in6 scoped = *reinterpret_cast<const sockaddr_in6*>(peer);
+  const sockaddr* local = rdma_get_local_addr(id);
+  if (scoped.sin6_scope_id == 0 && IN6_IS_ADDR_LINKLOCAL(&scoped.sin6_addr) &&
+      local->sa_family == AF_INET6) {
+    const auto* own = reinterpret_cast<const sockaddr_in6*>(local);
+    if (own->sin6_scope_id != 0) scoped.sin6_scope_id = own->sin6_scope_id;
+    else if (IN6_IS_ADDR_LINKLOCAL(&own->sin6_addr)) scoped.sin6_scope_id = interface_with(own->sin6_addr);
+  }
+  return address_of(reinterpret_cast<const sockaddr*>(&scoped));
 }
 
 /// The IB service ID rdma_cm derives for an RDMA_PS_TCP port, in network byte order.

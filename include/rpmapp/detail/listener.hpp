@@ -114,10 +114,20 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   if (p.create_id(state->channel.get(), &id, nullptr, RDMA_PS_TCP) != 0)
     return fail(provider_error("rdma_create_id", errno));
   state->id.reset(id);
-  auto info = get_addr_info(std::string(addr.empty() ? "0.0.0.0" : addr), std::string(port), true);
+  // "" is every device and both families: the IPv6 wildcard, which rdma_cm makes
+  // dual-stack unless net.ipv6.bindv6only is 1. Where the stack refuses IPv6 sockets
+  // (EAFNOSUPPORT) "" falls back to the IPv4 wildcard; a failed bind leaves the id unbound.
+  auto info = get_addr_info(std::string(addr.empty() ? "::" : addr), std::string(port), true);
   if (!info) return fail(info.error());
   errno = 0;
-  if (p.bind_addr(id, (*info)->ai_src_addr) != 0) return fail(provider_error("rdma_bind_addr", errno));
+  int bound = p.bind_addr(id, (*info)->ai_src_addr);
+  if (bound != 0 && addr.empty() && errno == EAFNOSUPPORT) {
+    info = get_addr_info("0.0.0.0", std::string(port), true);
+    if (!info) return fail(info.error());
+    errno = 0;
+    bound = p.bind_addr(id, (*info)->ai_src_addr);
+  }
+  if (bound != 0) return fail(provider_error("rdma_bind_addr", errno));
   if (id->verbs != nullptr) {  // a specific address: one device, which must have a Peer
     state->device = std::string(device_name(id->verbs));
     // By pointer: requests carry librdmacm's context, the only one a queue pair accepts.
