@@ -26,7 +26,8 @@ using rpmapp::Endpoint;
 using rpmapp::errc;
 using rpmapp::Peer;
 
-const char* const ip6_hint = "run this test in tools/rpmapp-vm, which gives rxenet0 an IPv6 link-local address";
+const char* const ip6_hint =
+    "run this test in tools/rpmapp-vm, which gives rxenet0 an IPv6 link-local address";
 
 // "$SOFTROCE_IP6%$SOFTROCE_NETDEV", e.g. "fe80::77:1%rxenet0".
 std::string scoped_ip6() {
@@ -82,7 +83,8 @@ TEST_CASE("issue 8.8: a listener on a scoped link-local IPv6 address serves a cl
   disconnect_both(client, server);
 
   // the scope as an interface index: the same address, read back with the name
-  const std::string by_index = env_or_fail("SOFTROCE_IP6") + "%" + std::to_string(if_nametoindex(netdev.c_str()));
+  const std::string by_index =
+      env_or_fail("SOFTROCE_IP6") + "%" + std::to_string(if_nametoindex(netdev.c_str()));
   Endpoint ep2 = MUST(Endpoint::listen(peer, by_index, "0"));
   CHECK(MUST(ep2.local_address()) == scoped);
   auto [c2, s2] = connect_pair(ep2, peer, by_index, "by index", "welcome by index");

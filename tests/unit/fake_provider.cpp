@@ -778,8 +778,8 @@ int FakeProvider::resolve_device(const sockaddr* dst) const {
     sockaddr_storage own{};
     for (int d = 0; d < device_count; ++d) {
       set_sockaddr(own, device_addresses6[d], 0);
-      if (std::memcmp(&sin6->sin6_addr, &reinterpret_cast<const sockaddr_in6*>(&own)->sin6_addr, 14) == 0)
-        return d;
+      const auto& own6 = reinterpret_cast<const sockaddr_in6*>(&own)->sin6_addr;
+      if (std::memcmp(&sin6->sin6_addr, &own6, 14) == 0) return d;  // all but the last group
     }
     return -1;
   }

@@ -68,7 +68,8 @@ inline unsigned scope_index(std::string_view scope) noexcept {
     if (scope.size() > 10) return 0;
     const unsigned long long index = std::strtoull(text, nullptr, 10);
     char name[IF_NAMESIZE];
-    if (index == 0 || index > UINT32_MAX || if_indextoname(static_cast<unsigned>(index), name) == nullptr)
+    if (index == 0 || index > UINT32_MAX ||
+        if_indextoname(static_cast<unsigned>(index), name) == nullptr)
       return 0;
     return static_cast<unsigned>(index);
   }
@@ -85,7 +86,8 @@ inline expected<void> check_numeric_address(const char* call, std::string_view a
   in_addr v4{};
   if (parse_host(AF_INET, parts.host, &v4)) {
     if (parts.has_scope)
-      return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only", addr));
+      return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only",
+                          addr));
     return {};
   }
   if (!parse_host(AF_INET6, parts.host, &v6))
@@ -93,11 +95,13 @@ inline expected<void> check_numeric_address(const char* call, std::string_view a
   const bool link_local = IN6_IS_ADDR_LINKLOCAL(&v6);
   if (!parts.has_scope) {
     if (link_local)
-      return fail(invalid(call, "link-local address \"{}\" needs a scope: \"{}%<interface>\"", addr, addr));
+      return fail(invalid(call, "link-local address \"{}\" needs a scope: \"{}%<interface>\"",
+                          addr, addr));
     return {};
   }
   if (!link_local)
-    return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only", addr));
+    return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only",
+                        addr));
   if (scope_index(parts.scope) == 0)
     return fail(invalid(call, "address \"{}\": no network interface \"{}\"", addr, parts.scope));
   return {};
@@ -220,7 +224,8 @@ inline std::string peer_address_of(rdma_cm_id* id) {
       local->sa_family == AF_INET6) {
     const auto* own = reinterpret_cast<const sockaddr_in6*>(local);
     if (own->sin6_scope_id != 0) scoped.sin6_scope_id = own->sin6_scope_id;
-    else if (IN6_IS_ADDR_LINKLOCAL(&own->sin6_addr)) scoped.sin6_scope_id = interface_with(own->sin6_addr);
+    else if (IN6_IS_ADDR_LINKLOCAL(&own->sin6_addr))
+      scoped.sin6_scope_id = interface_with(own->sin6_addr);
   }
   return address_of(reinterpret_cast<const sockaddr*>(&scoped));
 }

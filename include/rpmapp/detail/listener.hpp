@@ -115,8 +115,9 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
     return fail(provider_error("rdma_create_id", errno));
   state->id.reset(id);
   // "" is every device and both families: the IPv6 wildcard, which rdma_cm makes
-  // dual-stack unless net.ipv6.bindv6only is 1. Where the stack refuses IPv6 sockets
-  // (EAFNOSUPPORT) "" falls back to the IPv4 wildcard; a failed bind leaves the id unbound.
+  // dual-stack unless net.ipv6.bindv6only is 1. Linux binds it even with IPv6 disabled;
+  // should a stack refuse the family (EAFNOSUPPORT), "" binds the IPv4 wildcard instead
+  // (a failed bind leaves the id unbound).
   auto info = get_addr_info(std::string(addr.empty() ? "::" : addr), std::string(port), true);
   if (!info) return fail(info.error());
   errno = 0;
