@@ -136,6 +136,7 @@ struct FakeProvider::Impl {
   }
 
   static rdma_event_channel* create_event_channel() {
+    auto lock = f().lock();
     if (fails("rdma_create_event_channel")) return nullptr;
     auto* ch = new rdma_event_channel{};
     ch->fd = f().next_fd_++;
@@ -145,6 +146,7 @@ struct FakeProvider::Impl {
   }
 
   static void destroy_event_channel(rdma_event_channel* ch) {
+    auto lock = f().lock();
     f().calls_.emplace_back("rdma_destroy_event_channel");
     auto it = f().channels_.find(ch);
     if (it == f().channels_.end()) return f().note("rdma_destroy_event_channel: channel not alive");
@@ -157,6 +159,7 @@ struct FakeProvider::Impl {
   }
 
   static int create_id(rdma_event_channel* ch, rdma_cm_id** out, void* ctx, rdma_port_space ps) {
+    auto lock = f().lock();
     if (fails("rdma_create_id")) return -1;
     if (ch != nullptr && !f().channels_.count(ch)) {
       f().note("rdma_create_id: channel not alive");
@@ -174,6 +177,7 @@ struct FakeProvider::Impl {
   }
 
   static int destroy_id(rdma_cm_id* id) {
+    auto lock = f().lock();
     bool failed = fails("rdma_destroy_id");
     auto it = f().ids_.find(id);
     if (it == f().ids_.end()) {
@@ -194,6 +198,7 @@ struct FakeProvider::Impl {
 
   static int getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                          rdma_addrinfo** out) {
+    auto lock = f().lock();
     if (fails("rdma_getaddrinfo")) return -1;
     sockaddr_storage addr{};
     std::string text = node ? node : "";
@@ -222,6 +227,7 @@ struct FakeProvider::Impl {
   }
 
   static void freeaddrinfo(rdma_addrinfo* ai) {
+    auto lock = f().lock();
     f().calls_.emplace_back("rdma_freeaddrinfo");
     if (!f().addrinfos_.erase(ai)) return f().note("rdma_freeaddrinfo: addrinfo not alive");
     delete reinterpret_cast<sockaddr_storage*>(ai->ai_src_addr);
@@ -238,6 +244,7 @@ struct FakeProvider::Impl {
   }
 
   static int bind_addr(rdma_cm_id* id, sockaddr* addr) {
+    auto lock = f().lock();
     if (fails("rdma_bind_addr")) return -1;
     if (!id_ok(id, "rdma_bind_addr")) return -1;
     if (addr == nullptr) {
@@ -280,6 +287,7 @@ struct FakeProvider::Impl {
   }
 
   static int listen(rdma_cm_id* id, int backlog) {
+    auto lock = f().lock();
     if (fails("rdma_listen")) return -1;
     if (!id_ok(id, "rdma_listen")) return -1;
     auto& info = f().ids_[id];
@@ -294,6 +302,7 @@ struct FakeProvider::Impl {
   }
 
   static int resolve_addr(rdma_cm_id* id, sockaddr* src, sockaddr* dst, int timeout_ms) {
+    auto lock = f().lock();
     if (fails("rdma_resolve_addr")) return -1;
     if (!id_ok(id, "rdma_resolve_addr")) return -1;
     if (dst == nullptr || timeout_ms <= 0) {
@@ -336,6 +345,7 @@ struct FakeProvider::Impl {
   }
 
   static int resolve_route(rdma_cm_id* id, int timeout_ms) {
+    auto lock = f().lock();
     if (fails("rdma_resolve_route")) return -1;
     if (!id_ok(id, "rdma_resolve_route")) return -1;
     if (id->verbs == nullptr || timeout_ms <= 0 || id->channel == nullptr) {
@@ -349,6 +359,7 @@ struct FakeProvider::Impl {
   }
 
   static int get_cm_event(rdma_event_channel* ch, rdma_cm_event** out) {
+    auto lock = f().lock();
     if (fails("rdma_get_cm_event")) return -1;
     auto it = f().channels_.find(ch);
     if (it == f().channels_.end()) {
@@ -377,6 +388,7 @@ struct FakeProvider::Impl {
   }
 
   static int ack_cm_event(rdma_cm_event* ev) {
+    auto lock = f().lock();
     bool failed = fails("rdma_ack_cm_event");
     if (!f().unacked_.erase(ev)) {
       f().note("rdma_ack_cm_event: event not delivered or already acknowledged");
@@ -390,6 +402,7 @@ struct FakeProvider::Impl {
   }
 
   static int migrate_id(rdma_cm_id* id, rdma_event_channel* ch) {
+    auto lock = f().lock();
     if (fails("rdma_migrate_id")) return -1;
     if (!id_ok(id, "rdma_migrate_id")) return -1;
     auto to = f().channels_.find(ch);
@@ -416,6 +429,7 @@ struct FakeProvider::Impl {
   }
 
   static int create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
+    auto lock = f().lock();
     if (fails("rdma_create_qp")) return -1;
     if (!id_ok(id, "rdma_create_qp")) return -1;
     if (!f().pds_.count(pd) || attr == nullptr || id->qp != nullptr) {
@@ -448,6 +462,7 @@ struct FakeProvider::Impl {
   }
 
   static void destroy_qp(rdma_cm_id* id) {
+    auto lock = f().lock();
     f().calls_.emplace_back("rdma_destroy_qp");
     if (!f().ids_.count(id)) return f().note("rdma_destroy_qp: cm_id not alive");
     if (id->qp == nullptr || !f().qps_.erase(id->qp))
@@ -463,6 +478,7 @@ struct FakeProvider::Impl {
   }
 
   static int accept(rdma_cm_id* id, rdma_conn_param* param) {
+    auto lock = f().lock();
     if (fails("rdma_accept")) return -1;
     if (!id_ok(id, "rdma_accept")) return -1;
     if (param) f().last_conn_param = *param;
@@ -472,6 +488,7 @@ struct FakeProvider::Impl {
   }
 
   static int reject(rdma_cm_id* id, const void* data, uint8_t len) {
+    auto lock = f().lock();
     if (fails("rdma_reject")) return -1;
     if (!id_ok(id, "rdma_reject")) return -1;
     if (data != nullptr && len > reject_pad) {  // ib_send_cm_rej refuses it; nothing is sent
@@ -483,6 +500,7 @@ struct FakeProvider::Impl {
   }
 
   static int connect(rdma_cm_id* id, rdma_conn_param* param) {
+    auto lock = f().lock();
     if (fails("rdma_connect")) return -1;
     if (!id_ok(id, "rdma_connect")) return -1;
     if (param) f().last_conn_param = *param;
@@ -492,6 +510,7 @@ struct FakeProvider::Impl {
   }
 
   static int disconnect(rdma_cm_id* id) {
+    auto lock = f().lock();
     if (fails("rdma_disconnect")) return -1;
     if (!id_ok(id, "rdma_disconnect")) return -1;
     f().disconnects.push_back(id);
@@ -520,6 +539,7 @@ struct FakeProvider::Impl {
   }
 
   static ibv_pd* alloc_pd(ibv_context* ctx) {
+    auto lock = f().lock();
     if (fails("ibv_alloc_pd")) return nullptr;
     if (f().device_of_context(ctx) < 0) {
       f().note("ibv_alloc_pd: not a fake device context");
@@ -534,6 +554,7 @@ struct FakeProvider::Impl {
   }
 
   static int dealloc_pd(ibv_pd* pd) {
+    auto lock = f().lock();
     int err = 0;
     bool failed = f().injected("ibv_dealloc_pd", err);
     if (!f().pds_.count(pd)) {
@@ -552,6 +573,7 @@ struct FakeProvider::Impl {
   }
 
   static ibv_comp_channel* create_comp_channel(ibv_context* ctx) {
+    auto lock = f().lock();
     if (fails("ibv_create_comp_channel")) return nullptr;
     if (f().device_of_context(ctx) < 0) {
       f().note("ibv_create_comp_channel: not a fake device context");
@@ -567,6 +589,7 @@ struct FakeProvider::Impl {
   }
 
   static int destroy_comp_channel(ibv_comp_channel* ch) {
+    auto lock = f().lock();
     int err = 0;
     bool failed = f().injected("ibv_destroy_comp_channel", err);
     if (!f().comp_channels_.count(ch)) {
@@ -585,6 +608,7 @@ struct FakeProvider::Impl {
 
   static ibv_cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* ch,
                            int vector) {
+    auto lock = f().lock();
     if (fails("ibv_create_cq")) return nullptr;
     if (f().device_of_context(ctx) < 0 || cqe < 1 || vector != 0 ||
         (ch != nullptr && (!f().comp_channels_.count(ch) || ch->context != ctx))) {
@@ -604,6 +628,7 @@ struct FakeProvider::Impl {
   }
 
   static int destroy_cq(ibv_cq* cq) {
+    auto lock = f().lock();
     int err = 0;
     bool failed = f().injected("ibv_destroy_cq", err);
     if (!f().cqs_.count(cq)) {
@@ -623,6 +648,7 @@ struct FakeProvider::Impl {
   }
 
   static int req_notify_cq(ibv_cq* cq, int) {
+    auto lock = f().lock();
     int err = 0;
     if (f().injected("ibv_req_notify_cq", err)) return err;
     if (!f().cqs_.count(cq)) {
@@ -633,6 +659,7 @@ struct FakeProvider::Impl {
   }
 
   static int poll(pollfd* fds, nfds_t n, int timeout_ms) {
+    auto lock = f().lock();
     if (fails("poll")) return -1;
     int ready = 0;
     for (nfds_t i = 0; i < n; ++i) {
@@ -736,6 +763,7 @@ void FakeProvider::swap_contexts(int device) { cm_contexts_[device] = foreign_co
 std::string FakeProvider::address(int device) { return device_addresses[device]; }
 
 void FakeProvider::fail(std::string call, int err, int nth) {
+  auto held = lock();
   faults_.push_back({std::move(call), err, nth});
 }
 
@@ -752,7 +780,38 @@ bool FakeProvider::injected(const char* call, int& err) {
   return false;
 }
 
+std::size_t FakeProvider::pending_faults() const {
+  auto held = lock();
+  return faults_.size();
+}
+
+std::vector<std::string> FakeProvider::calls() const {
+  auto held = lock();
+  return calls_;
+}
+
+std::size_t FakeProvider::mark() const {
+  auto held = lock();
+  return calls_.size();
+}
+
+void FakeProvider::clear_calls() {
+  auto held = lock();
+  calls_.clear();
+}
+
+std::vector<std::string> FakeProvider::failures() const {
+  auto held = lock();
+  return failures_;
+}
+
+bool FakeProvider::id_alive(const rdma_cm_id* id) const {
+  auto held = lock();
+  return ids_.count(const_cast<rdma_cm_id*>(id)) != 0;
+}
+
 std::vector<std::string> FakeProvider::calls_since(std::size_t mark) const {
+  auto held = lock();
   return {calls_.begin() + static_cast<std::ptrdiff_t>(mark), calls_.end()};
 }
 
@@ -812,6 +871,7 @@ rdma_cm_event* FakeProvider::make_event(rdma_cm_id* id, rdma_cm_event_type type,
 
 void FakeProvider::queue_event(rdma_event_channel* ch, rdma_cm_event* ev) {
   channels_[ch].queue.push_back(ev);
+  changed_.notify_all();
 }
 
 void FakeProvider::discard_event(rdma_cm_event* ev) {
@@ -824,6 +884,7 @@ void FakeProvider::discard_event(rdma_cm_event* ev) {
 }
 
 void FakeProvider::deliver_held() {
+  auto guard = lock();
   auto held = std::move(held_);
   held_.clear();
   for (auto& [ch, ev] : held) {
@@ -833,6 +894,7 @@ void FakeProvider::deliver_held() {
 }
 
 void FakeProvider::inject_connect_request(int listener_fd, const Request& request) {
+  auto held = lock();
   rdma_event_channel* ch = nullptr;
   REQUIRE(channel_by_fd(listener_fd, &ch) != nullptr);
   rdma_cm_id* listener = nullptr;
@@ -859,6 +921,7 @@ void FakeProvider::inject_connect_request(int listener_fd, const Request& reques
 
 void FakeProvider::inject_event(int fd, rdma_cm_event_type type, std::string_view data,
                                 int status, bool pad) {
+  auto held = lock();
   rdma_event_channel* ch = nullptr;
   REQUIRE(channel_by_fd(fd, &ch) != nullptr);
   rdma_cm_id* target = nullptr;
@@ -872,23 +935,31 @@ void FakeProvider::inject_event(int fd, rdma_cm_event_type type, std::string_vie
 }
 
 std::size_t FakeProvider::queued(int fd) const {
+  auto held = lock();
   for (auto& [ch, state] : channels_)
     if (ch->fd == fd) return state.queue.size();
   return 0;
 }
 
 void FakeProvider::set_nonblocking(int fd, bool on) {
+  auto held = lock();
   auto* ch = channel_by_fd(fd);
   REQUIRE(ch != nullptr);
   ch->nonblocking = on;
 }
 
 long FakeProvider::alive(const std::string& kind) const {
+  auto held = lock();
   auto it = alive_.find(kind);
   return it == alive_.end() ? 0 : it->second;
 }
 
 std::string FakeProvider::problems() const {
+  auto held = lock();
+  return problems_locked();
+}
+
+std::string FakeProvider::problems_locked() const {
   std::ostringstream out;
   for (auto& [kind, n] : alive_)
     if (n != 0) out << kind << ": " << n << " alive\n";
@@ -899,7 +970,7 @@ std::string FakeProvider::problems() const {
 void FakeProvider::expect_clean() const {
   INFO("calls: " << [&] {
     std::string s;
-    for (auto& c : calls_) s += c + " ";
+    for (auto& c : calls()) s += c + " ";
     return s;
   }());
   CHECK(problems() == "");

@@ -14,15 +14,21 @@
 //   ibv_dealloc_pd and ibv_req_notify_cq). An injected failure of a release call still
 //   releases the resource, so that the accounting checks the library, not the provider.
 // - calls() is the log of provider call names, in order.
+// - Thread-safe: one mutex guards all the fake's state; every provider function and every
+//   public method takes it, so a test can inject events from another thread while the
+//   library waits. The public data members (accepts, rejects, ...) are written under that
+//   mutex: read them only once no other thread uses the library.
 #pragma once
 
 #include <rpmapp/detail/provider.hpp>
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -73,11 +79,12 @@ class FakeProvider {
   /// The `nth` next call named `call` (e.g. "rdma_listen") fails with `err`.
   void fail(std::string call, int err, int nth = 1);
   /// How many injected failures have not fired yet.
-  std::size_t pending_faults() const { return faults_.size(); }
-  const std::vector<std::string>& calls() const { return calls_; }
-  std::size_t mark() const { return calls_.size(); }
+  std::size_t pending_faults() const;
+  /// A copy of the log (another thread may be adding to it).
+  std::vector<std::string> calls() const;
+  std::size_t mark() const;
   std::vector<std::string> calls_since(std::size_t mark) const;
-  void clear_calls() { calls_.clear(); }
+  void clear_calls();
 
   // ---- events
   /// Queues a CONNECT_REQUEST on the listening channel with fd `listener_fd`.
@@ -115,11 +122,11 @@ class FakeProvider {
   long alive(const std::string& kind) const;
   /// Everything still alive and every recorded misuse, one per line; "" when clean.
   std::string problems() const;
-  const std::vector<std::string>& failures() const { return failures_; }
+  std::vector<std::string> failures() const;
   /// CHECKs (Catch2) that problems() is empty.
   void expect_clean() const;
   /// Whether `id` is a live cm_id (and has not been destroyed).
-  bool id_alive(const rdma_cm_id* id) const { return ids_.count(const_cast<rdma_cm_id*>(id)) != 0; }
+  bool id_alive(const rdma_cm_id* id) const;
 
   // ---- the provider functions (public for the Provider table)
   struct Impl;
@@ -140,7 +147,12 @@ class FakeProvider {
     rdma_cm_id* child = nullptr;
   };
 
+  using Lock = std::unique_lock<std::mutex>;
+  Lock lock() const { return Lock(mutex_); }
+
+  // The private helpers below expect mutex_ to be held.
   bool injected(const char* call, int& err);
+  std::string problems_locked() const;
   void note(std::string what) { failures_.push_back(std::move(what)); }
   void created(const std::string& kind) { ++alive_[kind]; }
   void destroyed(const std::string& kind) { --alive_[kind]; }
@@ -157,6 +169,8 @@ class FakeProvider {
     int err;
     int remaining;
   };
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  // notified whenever an event is queued
   std::vector<Fault> faults_;
   std::vector<std::string> calls_;
   std::vector<std::string> failures_;
