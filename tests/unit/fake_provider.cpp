@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
+
+#include <fcntl.h>
 #include <sstream>
 
 namespace fake {
@@ -154,6 +157,7 @@ struct FakeProvider::Impl {
       if (id->channel == ch) f().note("rdma_destroy_event_channel: a cm_id is still on the channel");
     for (rdma_cm_event* ev : it->second.queue) f().discard_event(ev);  // the kernel's job
     f().channels_.erase(it);
+    f().changed_.notify_all();
     f().destroyed("event_channel");
     delete ch;
   }
@@ -361,20 +365,31 @@ struct FakeProvider::Impl {
   static int get_cm_event(rdma_event_channel* ch, rdma_cm_event** out) {
     auto lock = f().lock();
     if (fails("rdma_get_cm_event")) return -1;
-    auto it = f().channels_.find(ch);
-    if (it == f().channels_.end()) {
-      f().note("rdma_get_cm_event: channel not alive");
-      errno = EINVAL;
-      return -1;
+    rdma_cm_event* ev = nullptr;
+    for (;;) {  // librdmacm reads again after an event it consumes itself
+      auto it = f().channels_.find(ch);
+      if (it == f().channels_.end()) {
+        f().note("rdma_get_cm_event: channel not alive");
+        errno = EINVAL;
+        return -1;
+      }
+      if (it->second.queue.empty()) {
+        if (it->second.nonblocking) {  // the kernel's ucma_get_event: -EAGAIN
+          errno = EAGAIN;
+          return -1;
+        }
+        if (!f().wait_for_event(lock, ch, f().watchdog)) {
+          f().note("rdma_get_cm_event blocked on an empty blocking channel: a hang in production");
+          errno = ETIME;
+          return -1;
+        }
+        continue;
+      }
+      ev = it->second.queue.front();
+      it->second.queue.pop_front();
+      if (!f().events_[ev].internal) break;
+      f().discard_event(ev);
     }
-    if (it->second.queue.empty()) {
-      if (!it->second.nonblocking)
-        f().note("rdma_get_cm_event: blocking on an empty channel would hang forever");
-      errno = EAGAIN;
-      return -1;
-    }
-    rdma_cm_event* ev = it->second.queue.front();
-    it->second.queue.pop_front();
     auto& data = f().events_[ev];
     if (data.child != nullptr) {  // librdmacm makes the request's cm_id now
       f().ids_[data.child];
@@ -658,58 +673,122 @@ struct FakeProvider::Impl {
     return 0;
   }
 
+  static int fcntl(int fd, int cmd, int arg) {
+    auto lock = f().lock();
+    if (fails("fcntl")) return -1;
+    auto* ch = f().channel_by_fd(fd);
+    if (ch == nullptr) {
+      f().note("fcntl: not the fd of a live event channel");
+      errno = EBADF;
+      return -1;
+    }
+    if (cmd == F_GETFL) return O_RDWR | (ch->nonblocking ? O_NONBLOCK : 0);
+    if (cmd == F_SETFL) {
+      ch->nonblocking = (arg & O_NONBLOCK) != 0;
+      return 0;
+    }
+    f().note("fcntl: a command the fake does not model");
+    errno = EINVAL;
+    return -1;
+  }
+
   static int poll(pollfd* fds, nfds_t n, int timeout_ms) {
     auto lock = f().lock();
     if (fails("poll")) return -1;
-    int ready = 0;
-    for (nfds_t i = 0; i < n; ++i) {
-      fds[i].revents = 0;
-      auto* ch = f().channel_by_fd(fds[i].fd);
-      if (ch == nullptr) {
+    for (nfds_t i = 0; i < n; ++i)
+      if (f().channel_by_fd(fds[i].fd) == nullptr)
         f().note("poll: not the fd of a live event channel");
-        fds[i].revents = POLLNVAL;
-        ++ready;
-      } else if (!ch->queue.empty() && (fds[i].events & POLLIN)) {
-        fds[i].revents = POLLIN;
-        ++ready;
+    auto count = [&] {
+      int ready = 0;
+      for (nfds_t i = 0; i < n; ++i) {
+        fds[i].revents = 0;
+        auto* ch = f().channel_by_fd(fds[i].fd);
+        if (ch == nullptr) fds[i].revents = POLLNVAL;
+        else if (!ch->queue.empty() && (fds[i].events & POLLIN)) fds[i].revents = POLLIN;
+        if (fds[i].revents != 0) ++ready;
+      }
+      return ready;
+    };
+    int ready = count();
+    if (ready == 0 && timeout_ms != 0) {
+      const auto limit = timeout_ms < 0 ? f().watchdog : std::chrono::milliseconds(timeout_ms);
+      f().changed_.wait_for(lock, limit, [&] { return count() > 0; });
+      ready = count();
+      if (ready == 0 && timeout_ms < 0) {
+        f().note("poll waited forever on an empty channel: a hang in production");
+        errno = ETIME;
+        return -1;
       }
     }
-    if (ready == 0 && timeout_ms < 0) f().note("poll: waiting forever on an empty channel");
+    for (nfds_t i = 0; i < n; ++i) {  // "another thread" reads between the poll and the read
+      auto* ch = f().channel_by_fd(fds[i].fd);
+      if (ch != nullptr && (fds[i].revents & POLLIN) && ch->take_after_poll > 0) {
+        --ch->take_after_poll;
+        f().discard_event(ch->queue.front());
+        ch->queue.pop_front();
+        ++f().taken_after_poll_;
+      }
+    }
     return ready;
   }
 };
 
 namespace {
+
+// Every successful call leaves sentinel_errno in errno (see fake_provider.hpp).
+enum class Ok { zero, non_negative };
+
+template <auto Fn, Ok ok = Ok::zero>
+struct Sentinel;
+
+template <class R, class... Args, R (*Fn)(Args...), Ok ok>
+struct Sentinel<Fn, ok> {
+  static R call(Args... args) {
+    if constexpr (std::is_void_v<R>) {
+      Fn(args...);
+      errno = sentinel_errno;
+    } else {
+      R result = Fn(args...);
+      bool success;
+      if constexpr (std::is_pointer_v<R>) success = result != nullptr;
+      else success = ok == Ok::non_negative ? result >= 0 : result == 0;
+      if (success) errno = sentinel_errno;
+      return result;
+    }
+  }
+};
+
 const rpmapp::detail::Provider fake_table = {
-    FakeProvider::Impl::create_event_channel,
-    FakeProvider::Impl::destroy_event_channel,
-    FakeProvider::Impl::create_id,
-    FakeProvider::Impl::destroy_id,
-    FakeProvider::Impl::getaddrinfo,
-    FakeProvider::Impl::freeaddrinfo,
-    FakeProvider::Impl::bind_addr,
-    FakeProvider::Impl::listen,
-    FakeProvider::Impl::resolve_addr,
-    FakeProvider::Impl::resolve_route,
-    FakeProvider::Impl::get_cm_event,
-    FakeProvider::Impl::ack_cm_event,
-    FakeProvider::Impl::migrate_id,
-    FakeProvider::Impl::create_qp,
-    FakeProvider::Impl::destroy_qp,
-    FakeProvider::Impl::accept,
-    FakeProvider::Impl::reject,
-    FakeProvider::Impl::connect,
-    FakeProvider::Impl::disconnect,
-    FakeProvider::Impl::get_devices,
-    FakeProvider::Impl::free_devices,
-    FakeProvider::Impl::alloc_pd,
-    FakeProvider::Impl::dealloc_pd,
-    FakeProvider::Impl::create_comp_channel,
-    FakeProvider::Impl::destroy_comp_channel,
-    FakeProvider::Impl::create_cq,
-    FakeProvider::Impl::destroy_cq,
-    FakeProvider::Impl::req_notify_cq,
-    FakeProvider::Impl::poll,
+    Sentinel<&FakeProvider::Impl::create_event_channel>::call,
+    Sentinel<&FakeProvider::Impl::destroy_event_channel>::call,
+    Sentinel<&FakeProvider::Impl::create_id>::call,
+    Sentinel<&FakeProvider::Impl::destroy_id>::call,
+    Sentinel<&FakeProvider::Impl::getaddrinfo>::call,
+    Sentinel<&FakeProvider::Impl::freeaddrinfo>::call,
+    Sentinel<&FakeProvider::Impl::bind_addr>::call,
+    Sentinel<&FakeProvider::Impl::listen>::call,
+    Sentinel<&FakeProvider::Impl::resolve_addr>::call,
+    Sentinel<&FakeProvider::Impl::resolve_route>::call,
+    Sentinel<&FakeProvider::Impl::get_cm_event>::call,
+    Sentinel<&FakeProvider::Impl::ack_cm_event>::call,
+    Sentinel<&FakeProvider::Impl::migrate_id>::call,
+    Sentinel<&FakeProvider::Impl::create_qp>::call,
+    Sentinel<&FakeProvider::Impl::destroy_qp>::call,
+    Sentinel<&FakeProvider::Impl::accept>::call,
+    Sentinel<&FakeProvider::Impl::reject>::call,
+    Sentinel<&FakeProvider::Impl::connect>::call,
+    Sentinel<&FakeProvider::Impl::disconnect>::call,
+    Sentinel<&FakeProvider::Impl::get_devices>::call,
+    Sentinel<&FakeProvider::Impl::free_devices>::call,
+    Sentinel<&FakeProvider::Impl::alloc_pd>::call,
+    Sentinel<&FakeProvider::Impl::dealloc_pd>::call,
+    Sentinel<&FakeProvider::Impl::create_comp_channel>::call,
+    Sentinel<&FakeProvider::Impl::destroy_comp_channel>::call,
+    Sentinel<&FakeProvider::Impl::create_cq>::call,
+    Sentinel<&FakeProvider::Impl::destroy_cq>::call,
+    Sentinel<&FakeProvider::Impl::req_notify_cq>::call,
+    Sentinel<&FakeProvider::Impl::fcntl, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::poll, Ok::non_negative>::call,
 };
 }  // namespace
 
@@ -946,6 +1025,43 @@ void FakeProvider::set_nonblocking(int fd, bool on) {
   auto* ch = channel_by_fd(fd);
   REQUIRE(ch != nullptr);
   ch->nonblocking = on;
+}
+
+bool FakeProvider::nonblocking(int fd) const {
+  auto held = lock();
+  for (auto& [ch, state] : channels_)
+    if (ch->fd == fd) return state.nonblocking;
+  FAIL("no live event channel has fd " << fd);
+  return false;
+}
+
+void FakeProvider::take_after_poll(int fd, int times) {
+  auto held = lock();
+  auto* ch = channel_by_fd(fd);
+  REQUIRE(ch != nullptr);
+  ch->take_after_poll = times;
+}
+
+std::size_t FakeProvider::taken_after_poll() const {
+  auto held = lock();
+  return taken_after_poll_;
+}
+
+void FakeProvider::inject_internal_event(int fd) {
+  auto held = lock();
+  rdma_event_channel* ch = nullptr;
+  REQUIRE(channel_by_fd(fd, &ch) != nullptr);
+  auto* ev = make_event(nullptr, RDMA_CM_EVENT_CONNECT_ERROR, {}, 0, 0);
+  events_[ev].internal = true;
+  queue_event(ch, ev);
+}
+
+bool FakeProvider::wait_for_event(Lock& held, rdma_event_channel* ch,
+                                  std::chrono::milliseconds limit) {
+  return changed_.wait_for(held, limit, [&] {
+    auto it = channels_.find(ch);
+    return it == channels_.end() || !it->second.queue.empty();
+  });
 }
 
 long FakeProvider::alive(const std::string& kind) const {

@@ -3,8 +3,16 @@
 // - Two fake devices, "fake0" owning 169.254.77.1 and "fake1" owning 169.254.78.1; an
 //   address in 169.254.77.0/24 is reached through fake0, one in 169.254.78.0/24 through
 //   fake1, anything else is unreachable (ADDR_ERROR, EHOSTUNREACH).
-// - Event channels have fd numbers (1000, 1001, ...) that only the fake poll() knows:
-//   readable when the channel's queue is not empty.
+// - Event channels have fd numbers (1000, 1001, ...) that only the fake poll() and fcntl()
+//   know: readable when the channel's queue is not empty. Like the kernel's, a channel
+//   starts blocking; fcntl(F_SETFL, O_NONBLOCK) (or set_nonblocking) changes that.
+// - Waits are real: poll() waits up to its timeout for an event queued by another thread,
+//   and rdma_get_cm_event() on an empty blocking channel blocks until one is queued. A wait
+//   that nothing can end (poll with -1, a blocking read) gives up after `watchdog`,
+//   records the hang as a failure and returns -1 with ETIME, so a hang fails the test
+//   instead of hanging it.
+// - Every successful call sets errno to sentinel_errno, as a real call may leave anything
+//   in errno on success: code reading errno one call late sees a value no call produces.
 // - Every create/destroy pair is counted per kind; destroying something that is not alive,
 //   destroying a cm_id with unacknowledged events or a live queue pair, destroying a
 //   channel with cm_ids still on it, blocking forever on an empty channel... is recorded
@@ -22,6 +30,7 @@
 
 #include <rpmapp/detail/provider.hpp>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +47,9 @@
 namespace fake {
 
 inline constexpr int device_count = 2;
+
+/// errno after every successful fake call: no real call produces it.
+inline constexpr int sentinel_errno = 7777;
 
 /// What a CONNECT_REQUEST injected into a listener carries.
 struct Request {
@@ -97,6 +109,19 @@ class FakeProvider {
   std::size_t queued(int fd) const;
   /// Marks the channel with fd `fd` non-blocking (O_NONBLOCK on a real fd).
   void set_nonblocking(int fd, bool on = true);
+  /// Whether the channel with fd `fd` is non-blocking.
+  bool nonblocking(int fd) const;
+  /// Models another thread reading the channel between a poll and the read: the next
+  /// `times` polls that report `fd` readable then drop the first event queued on it.
+  void take_after_poll(int fd, int times = 1);
+  /// Events dropped so far by take_after_poll.
+  std::size_t taken_after_poll() const;
+  /// Queues an event that librdmacm consumes inside rdma_get_cm_event (e.g. an event for
+  /// an id it no longer knows), which then reads again: that read blocks on a blocking
+  /// channel and gives EAGAIN on a non-blocking one when nothing else is queued.
+  void inject_internal_event(int fd);
+  /// How long a wait that nothing can end may last before it counts as a hang.
+  std::chrono::milliseconds watchdog{2000};
 
   /// When false, rdma_resolve_addr/rdma_resolve_route queue nothing until deliver_held().
   bool auto_resolve = true;
@@ -135,6 +160,7 @@ class FakeProvider {
   struct Channel {
     std::deque<rdma_cm_event*> queue;
     bool nonblocking = false;
+    int take_after_poll = 0;
   };
   struct IdInfo {
     bool bound = false;
@@ -145,6 +171,7 @@ class FakeProvider {
   struct EventData {  // owns an event's private data and, for a request, its child cm_id
     std::vector<std::byte> data;
     rdma_cm_id* child = nullptr;
+    bool internal = false;  // consumed by librdmacm itself, never returned
   };
 
   using Lock = std::unique_lock<std::mutex>;
@@ -162,6 +189,9 @@ class FakeProvider {
                             std::size_t pad_to, int status);
   void queue_event(rdma_event_channel* ch, rdma_cm_event* ev);
   void discard_event(rdma_cm_event* ev);
+  /// Waits (releasing the mutex) until the channel has an event or is gone, at most
+  /// `limit`; false when the limit passed.
+  bool wait_for_event(Lock& held, rdma_event_channel* ch, std::chrono::milliseconds limit);
   int resolve_device(const sockaddr* dst) const;
 
   struct Fault {
@@ -192,6 +222,7 @@ class FakeProvider {
   std::set<ibv_pd*> pds_;
   std::set<rdma_addrinfo*> addrinfos_;
   std::vector<std::pair<rdma_event_channel*, rdma_cm_event*>> held_;
+  std::size_t taken_after_poll_ = 0;
   int next_fd_ = 1000;
   std::uint16_t next_port_ = 50000;
   std::uint32_t next_qp_num_ = 100;

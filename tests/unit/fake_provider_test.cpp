@@ -2,6 +2,11 @@
 // so that the other tests can trust it.
 #include "test_util.hpp"
 
+#include <fcntl.h>
+
+#include <chrono>
+#include <thread>
+
 using namespace test;
 using rpmapp::detail::provider;
 
@@ -87,4 +92,109 @@ TEST_CASE("fake: poll reports a channel readable when it has events", "[fake]") 
   CHECK(fake.alive("cm_id") == 1);  // the request's id exists once it is taken
   CHECK(provider().poll(&pfd, 1, 0) == 1);
   CHECK(pfd.revents == POLLIN);
+}
+
+TEST_CASE("fake: channels start blocking; fcntl sets O_NONBLOCK; a non-blocking empty read "
+          "is EAGAIN",
+          "[fake]") {
+  fake::FakeProvider fake;
+  auto* ch = provider().create_event_channel();
+  REQUIRE(ch != nullptr);
+  CHECK_FALSE(fake.nonblocking(ch->fd));
+  const int flags = provider().fcntl(ch->fd, F_GETFL, 0);
+  CHECK((flags & O_NONBLOCK) == 0);
+  CHECK(provider().fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) == 0);
+  CHECK(fake.nonblocking(ch->fd));
+  CHECK((provider().fcntl(ch->fd, F_GETFL, 0) & O_NONBLOCK) != 0);
+  rdma_cm_event* ev = nullptr;
+  errno = 0;
+  CHECK(provider().get_cm_event(ch, &ev) == -1);
+  CHECK(errno == EAGAIN);
+  fake.inject_internal_event(ch->fd);  // consumed inside the call, which reads again
+  errno = 0;
+  CHECK(provider().get_cm_event(ch, &ev) == -1);
+  CHECK(errno == EAGAIN);
+  CHECK(fake.queued(ch->fd) == 0);
+  fake.fail("fcntl", EBADF);
+  errno = 0;
+  CHECK(provider().fcntl(ch->fd, F_GETFL, 0) == -1);
+  CHECK(errno == EBADF);
+  provider().destroy_event_channel(ch);
+  fake.expect_clean();
+}
+
+TEST_CASE("fake: a successful call leaves the sentinel errno", "[fake]") {
+  fake::FakeProvider fake;
+  errno = 0;
+  auto* ch = provider().create_event_channel();
+  CHECK(errno == fake::sentinel_errno);
+  errno = 0;
+  pollfd pfd{ch->fd, POLLIN, 0};
+  CHECK(provider().poll(&pfd, 1, 0) == 0);
+  CHECK(errno == fake::sentinel_errno);
+  errno = 0;
+  provider().destroy_event_channel(ch);
+  CHECK(errno == fake::sentinel_errno);
+  fake.expect_clean();
+}
+
+TEST_CASE("fake: waits are real, and a wait nothing can end is a recorded hang", "[fake]") {
+  using namespace std::chrono_literals;
+  using clock = std::chrono::steady_clock;
+  fake::FakeProvider fake;
+  fake.watchdog = 100ms;
+  auto* ch = provider().create_event_channel();
+  rdma_cm_id* id = nullptr;
+  REQUIRE(provider().create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0);
+  const int fd = ch->fd;
+  pollfd pfd{fd, POLLIN, 0};
+  auto start = clock::now();
+  CHECK(provider().poll(&pfd, 1, 50) == 0);  // honours its timeout
+  CHECK(clock::now() - start >= 50ms);
+
+  // An event queued by another thread ends a poll and a blocking read.
+  for (bool read : {false, true}) {
+    std::thread injector([&] {
+      std::this_thread::sleep_for(20ms);
+      fake.inject_event(fd, RDMA_CM_EVENT_ESTABLISHED);
+    });
+    start = clock::now();
+    rdma_cm_event* ev = nullptr;
+    if (read) {
+      fake.inject_internal_event(fd);  // consumed, then the read blocks until the event
+      CHECK(provider().get_cm_event(ch, &ev) == 0);
+      CHECK(provider().ack_cm_event(ev) == 0);
+    } else {
+      CHECK(provider().poll(&pfd, 1, 5000) == 1);
+    }
+    CHECK(clock::now() - start < 2s);
+    injector.join();
+    if (!read) {
+      REQUIRE(provider().get_cm_event(ch, &ev) == 0);
+      CHECK(provider().ack_cm_event(ev) == 0);
+    }
+  }
+  CHECK(fake.failures().empty());
+
+  // take_after_poll: readable, then the event is gone.
+  fake.inject_event(fd, RDMA_CM_EVENT_ESTABLISHED);
+  fake.take_after_poll(fd);
+  CHECK(provider().poll(&pfd, 1, 0) == 1);
+  CHECK(fake.queued(fd) == 0);
+  CHECK(fake.taken_after_poll() == 1);
+
+  // poll forever on an empty channel, and a blocking read of it: recorded hangs.
+  errno = 0;
+  CHECK(provider().poll(&pfd, 1, -1) == -1);
+  CHECK(errno == ETIME);
+  rdma_cm_event* ev = nullptr;
+  errno = 0;
+  CHECK(provider().get_cm_event(ch, &ev) == -1);
+  CHECK(errno == ETIME);
+  auto failures = fake.failures();
+  REQUIRE(failures.size() == 2);
+  CHECK_THAT(failures[0], Catch::Contains("poll waited forever"));
+  CHECK_THAT(failures[1], Catch::Contains("rdma_get_cm_event blocked on an empty blocking channel"));
+  CHECK(provider().destroy_id(id) == 0);
+  provider().destroy_event_channel(ch);
 }

@@ -5,6 +5,7 @@
 
 #include <rpmapp/version.hpp>
 
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
@@ -44,7 +45,8 @@ struct Provider {
   ibv_cq* (*create_cq)(ibv_context*, int cqe, void* cq_context, ibv_comp_channel*, int vector);
   int (*destroy_cq)(ibv_cq*);
   int (*req_notify_cq)(ibv_cq*, int solicited_only);
-  // waiting on an event channel's fd
+  // an event channel's fd: its flags (made O_NONBLOCK), and waiting on it
+  int (*fcntl)(int fd, int cmd, int arg);
   int (*poll)(pollfd*, nfds_t, int timeout_ms);
 };
 
@@ -78,6 +80,8 @@ inline const Provider system_provider = {
     ibv_destroy_cq,
     // static inline in <infiniband/verbs.h>: wrap it to take its address
     [](ibv_cq* cq, int solicited_only) { return ibv_req_notify_cq(cq, solicited_only); },
+    // variadic in <fcntl.h>: wrap it to give it a fixed signature
+    [](int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); },
     ::poll,
 };
 
