@@ -720,6 +720,19 @@ struct FakeProvider::Impl {
         return -1;
       }
     }
+    for (nfds_t i = 0; i < n; ++i) {  // several pollers woken by one event
+      auto* ch = f().channel_by_fd(fds[i].fd);
+      if (ch == nullptr || !(fds[i].revents & POLLIN) || ch->arrived >= ch->rendezvous) continue;
+      ++ch->arrived;
+      f().changed_.notify_all();
+      const int fd = fds[i].fd;
+      auto all_here = [&] {
+        auto* c = f().channel_by_fd(fd);
+        return c == nullptr || c->arrived >= c->rendezvous;
+      };
+      if (!f().changed_.wait_for(lock, f().watchdog, all_here))
+        f().note("poll: the other pollers of rendezvous_polls never came");
+    }
     for (nfds_t i = 0; i < n; ++i) {  // "another thread" reads between the poll and the read
       auto* ch = f().channel_by_fd(fds[i].fd);
       if (ch != nullptr && (fds[i].revents & POLLIN) && ch->take_after_poll > 0) {
@@ -1040,6 +1053,14 @@ void FakeProvider::take_after_poll(int fd, int times) {
   auto* ch = channel_by_fd(fd);
   REQUIRE(ch != nullptr);
   ch->take_after_poll = times;
+}
+
+void FakeProvider::rendezvous_polls(int fd, int pollers) {
+  auto held = lock();
+  auto* ch = channel_by_fd(fd);
+  REQUIRE(ch != nullptr);
+  ch->rendezvous = pollers;
+  ch->arrived = 0;
 }
 
 std::size_t FakeProvider::taken_after_poll() const {

@@ -114,6 +114,9 @@ class FakeProvider {
   /// Models another thread reading the channel between a poll and the read: the next
   /// `times` polls that report `fd` readable then drop the first event queued on it.
   void take_after_poll(int fd, int times = 1);
+  /// Models one event waking several threads: the next `pollers` polls that find `fd`
+  /// readable each wait until all of them have, so that all see it before any reads it.
+  void rendezvous_polls(int fd, int pollers);
   /// Events dropped so far by take_after_poll.
   std::size_t taken_after_poll() const;
   /// Queues an event that librdmacm consumes inside rdma_get_cm_event (e.g. an event for
@@ -161,6 +164,8 @@ class FakeProvider {
     std::deque<rdma_cm_event*> queue;
     bool nonblocking = false;
     int take_after_poll = 0;
+    int rendezvous = 0;  // pollers expected (rendezvous_polls), and those arrived
+    int arrived = 0;
   };
   struct IdInfo {
     bool bound = false;
