@@ -237,10 +237,9 @@ class PendingConnReq {
   // Handles events until resolution is over or none arrives within `wait`.
   expected<ConnReq> advance(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
-    using clock = std::chrono::steady_clock;
-    const auto deadline = clock::now() + std::chrono::milliseconds(wait.ms);
+    const detail::Deadline deadline(wait);  // one bound for all the events handled
     for (;;) {
-      auto event = detail::next_cm_event(core_->channel.get(), wait);
+      auto event = detail::next_cm_event(core_->channel.get(), deadline);
       if (!event) {
         if (event.error() != errc::no_event) core_.reset();
         return detail::fail(event.error());
@@ -252,8 +251,6 @@ class PendingConnReq {
         return detail::fail(step.error());
       }
       if (*step) return ConnReq(std::move(core_), false);
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-      if (wait.ms > 0) wait = detail::Wait::bounded(left);
     }
   }
 
@@ -315,6 +312,7 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
     errno = 0;
     core->channel.reset(p.create_event_channel());
     if (!core->channel) return detail::fail(detail::provider_error("rdma_create_event_channel", errno));
+    if (auto ok = detail::make_nonblocking(core->channel.get()); !ok) return detail::fail(ok.error());
     rdma_cm_id* id = nullptr;
     errno = 0;
     if (p.create_id(core->channel.get(), &id, nullptr, RDMA_PS_TCP) != 0)

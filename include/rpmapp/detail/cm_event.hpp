@@ -1,4 +1,9 @@
 // Taking the next event from an rdma_cm event channel: blocking, non-blocking or bounded.
+//
+// Every channel rpmapp creates is made O_NONBLOCK (make_nonblocking), so that reading it
+// never blocks: several threads may be woken by one event (endpoints sharing a listener),
+// and librdmacm reads again after an event it consumes itself. Waiting is poll's job
+// alone, in one loop (next_cm_event) that ends at the caller's deadline.
 #pragma once
 
 #include <rpmapp/detail/errors.hpp>
@@ -14,60 +19,89 @@ struct Wait {
   int ms;
   static constexpr Wait forever() noexcept { return {-1}; }
   static constexpr Wait none() noexcept { return {0}; }
+  /// A bound; zero or negative is none() (returns at once), never forever().
   static Wait bounded(std::chrono::milliseconds t) noexcept {
     auto ms = t.count();
     return {ms <= 0 ? 0 : ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms)};
   }
 };
 
+/// The end of a wait, fixed when the wait starts, so that retries and the several events
+/// one call handles share the caller's bound.
+class Deadline {
+ public:
+  using clock = std::chrono::steady_clock;
+  explicit Deadline(Wait wait) noexcept
+      : forever_(wait.ms < 0), end_(clock::now() + std::chrono::milliseconds(wait.ms < 0 ? 0 : wait.ms)) {}
+  bool forever() const noexcept { return forever_; }
+  bool passed() const noexcept { return !forever_ && clock::now() >= end_; }
+  /// poll's timeout for the time left: -1 forever, else the ms left rounded up (0 when
+  /// passed), so that poll never returns before the deadline.
+  int poll_timeout() const noexcept {
+    if (forever_) return -1;
+    const auto left = end_ - clock::now();
+    if (left <= clock::duration::zero()) return 0;
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
+  }
+
+ private:
+  bool forever_;
+  clock::time_point end_;
+};
+
 inline bool is_empty_channel_errno(int e) noexcept {
   return e == EAGAIN || e == EWOULDBLOCK || e == ENODATA;
 }
 
-/// Polls `channel`'s fd once: 1 when an event is pending, 0 when none came within
-/// `timeout_ms`, -1 with errno on failure.
-inline int poll_channel(rdma_event_channel* channel, int timeout_ms) noexcept {
-  pollfd pfd{channel->fd, POLLIN, 0};
+/// Sets O_NONBLOCK on `channel`'s fd (reads must never block: see above).
+/// Errors: provider (fcntl).
+inline expected<void> make_nonblocking(rdma_event_channel* channel) noexcept {
+  const Provider& p = provider();
   errno = 0;
-  const int n = provider().poll(&pfd, 1, timeout_ms);
-  return n > 0 ? 1 : n;
+  const int flags = p.fcntl(channel->fd, F_GETFL, 0);
+  if (flags < 0) return fail(provider_error("fcntl", errno, "F_GETFL on the event channel"));
+  errno = 0;
+  if (p.fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0)
+    return fail(provider_error("fcntl", errno, "F_SETFL O_NONBLOCK on the event channel"));
+  return {};
 }
 
-/// Waits until `channel` is readable. no_event when nothing arrived in time.
-inline expected<void> wait_readable(rdma_event_channel* channel, Wait wait) noexcept {
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::milliseconds(wait.ms);
-  int timeout = wait.ms;
+/// The next event of `channel` (to be acknowledged by the caller through CmEvent), waiting
+/// until `deadline`: poll for the time left, then a (non-blocking) read; an empty read
+/// (another reader took the event, or librdmacm consumed it) goes back to poll. A signal
+/// (EINTR from poll or from the read) does not end the wait: it is retried with the time
+/// left. Errors: no_event (nothing by the deadline), provider (poll, rdma_get_cm_event).
+inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadline& deadline) noexcept {
+  const Provider& p = provider();
+  int empty_read = 0;  // errno of the last read that found nothing
   for (;;) {
-    const int n = poll_channel(channel, timeout);
-    if (n > 0) return {};
-    if (n == 0)
-      return fail(make_error(errc::no_event, 0, "rdma_get_cm_event",
-                             "no event within {} ms", wait.ms));
-    if (errno != EINTR) return fail(provider_error("poll", errno));
-    if (wait.ms >= 0) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-      timeout = left.count() > 0 ? static_cast<int>(left.count()) : 0;
+    pollfd pfd{channel->fd, POLLIN, 0};
+    errno = 0;
+    const int n = p.poll(&pfd, 1, deadline.poll_timeout());
+    if (n < 0) {
+      const int e = errno;
+      if (e == EINTR) continue;
+      return fail(provider_error("poll", e));
     }
+    if (n > 0) {
+      rdma_cm_event* event = nullptr;
+      errno = 0;
+      if (p.get_cm_event(channel, &event) == 0) return CmEvent(event);
+      const int e = errno;
+      if (e == EINTR) continue;
+      if (!is_empty_channel_errno(e)) return fail(provider_error("rdma_get_cm_event", e));
+      empty_read = e;
+    }
+    if (deadline.passed())
+      return fail(Error(errc::no_event, empty_read, "rdma_get_cm_event",
+                        empty_read != 0 ? "the channel has no event" : "no event in time"));
   }
 }
 
-/// The next event of `channel` (to be acknowledged by the caller through CmEvent).
-/// Errors: no_event (empty non-blocking channel, or timeout), provider.
+/// As above, with a deadline starting now.
 inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, Wait wait) noexcept {
-  if (wait.ms >= 0) {
-    auto ready = wait_readable(channel, wait);
-    if (!ready) return fail(ready.error());
-  }
-  rdma_cm_event* event = nullptr;
-  errno = 0;
-  if (provider().get_cm_event(channel, &event) != 0) {
-    int e = errno;
-    if (is_empty_channel_errno(e))
-      return fail(Error(errc::no_event, e, "rdma_get_cm_event", "the channel has no event"));
-    return fail(provider_error("rdma_get_cm_event", e));
-  }
-  return CmEvent(event);
+  return next_cm_event(channel, Deadline(wait));
 }
 
 /// Acknowledges an event explicitly, reporting a failure.

@@ -51,17 +51,15 @@ struct ListenerState {
   ~ListenerState() { (void)stop(); }
 
   /// Rejects and acknowledges the requests already queued on the channel, then destroys
-  /// the listening id and the channel. Idempotent; reports the first failure.
+  /// the listening id and the channel. Never blocks: the queue is drained with
+  /// non-blocking reads (another handle's thread may take a request meanwhile).
+  /// Idempotent; reports the first failure.
   expected<void> stop() noexcept {
     const Provider& p = provider();
     FirstError first;
     if (id) {
       for (;;) {
-        const int pending = poll_channel(channel.get(), 0);
-        if (pending < 0 && errno == EINTR) continue;
-        if (pending < 0) first.note(provider_error("poll", errno));
-        if (pending <= 0) break;
-        auto event = next_cm_event(channel.get(), Wait::forever());
+        auto event = next_cm_event(channel.get(), Wait::none());
         if (!event) {
           if (event.error() != errc::no_event) first.note(event.error());
           break;
@@ -109,6 +107,7 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   errno = 0;
   state->channel.reset(p.create_event_channel());
   if (!state->channel) return fail(provider_error("rdma_create_event_channel", errno));
+  if (auto ok = make_nonblocking(state->channel.get()); !ok) return fail(ok.error());
   rdma_cm_id* id = nullptr;
   errno = 0;
   if (p.create_id(state->channel.get(), &id, nullptr, RDMA_PS_TCP) != 0)
@@ -239,6 +238,7 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
   errno = 0;
   core->channel.reset(provider().create_event_channel());
   if (!core->channel) return fail(provider_error("rdma_create_event_channel", errno));
+  if (auto ok = make_nonblocking(core->channel.get()); !ok) return fail(ok.error());
   errno = 0;
   if (provider().migrate_id(core->id.get(), core->channel.get()) != 0)
     return fail(provider_error("rdma_migrate_id", errno));
