@@ -58,24 +58,31 @@ class Conn {
   /// rdma_cm reports the end of a connection twice (DISCONNECTED, then TIMEWAIT_EXIT when
   /// the queue pair leaves the CM's time-wait), so the first is reported (whichever it is)
   /// and the second is acknowledged, not reported, and the call goes on waiting. After
-  /// closed nothing more is reported: next_event() would wait forever.
+  /// closed nothing more is reported: next_event() would wait forever. A signal does not
+  /// interrupt a wait; it is retried.
   /// Errors:
   /// - inval: the Conn is empty.
-  /// - no_event: the event fd was made non-blocking and nothing is pending.
-  /// - provider: rdma_get_cm_event or rdma_ack_cm_event failed.
+  /// - no_event: only from try_next_event and next_event_for: nothing in time.
+  /// - provider: poll, rdma_get_cm_event or rdma_ack_cm_event failed.
   /// - unknown: an event that has no ConnEvent (it is acknowledged; the reason names it).
   /// - nomem: out of memory storing the peer's private data.
   expected<ConnEvent> next_event() noexcept { return next("Conn::next_event", detail::Wait::forever()); }
   /// As next_event, but returns no_event at once when nothing is pending (also when all
   /// that was pending was the second end-of-connection event, acknowledged and dropped).
   expected<ConnEvent> try_next_event() noexcept { return next("Conn::try_next_event", detail::Wait::none()); }
-  /// As next_event, but returns no_event when nothing to report arrived within `timeout`.
+  /// As next_event, but returns no_event when nothing to report arrived within `timeout`
+  /// (a zero or negative timeout is try_next_event).
   expected<ConnEvent> next_event_for(std::chrono::milliseconds timeout) noexcept {
     return next("Conn::next_event_for", detail::Wait::bounded(timeout));
   }
 
   /// The fd of the connection's event channel, for poll/epoll (readable = an event is
-  /// pending). The caller may set O_NONBLOCK on it. Errors: inval when empty.
+  /// pending).
+  /// It is always non-blocking (O_NONBLOCK): rpmapp reads it only after poll and loops on
+  /// an empty read, so a blocking call waits whatever the fd's flags. Never clear
+  /// O_NONBLOCK: librdmacm may consume an event itself between your poll and the read,
+  /// and a blocking read would then hang until some later event.
+  /// Errors: inval when empty.
   expected<int> fd() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::fd"));
     return core_->channel->fd;

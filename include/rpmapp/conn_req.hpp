@@ -39,10 +39,10 @@ class ConnReq {
   ///   `port` not decimal 0..65535 (or 0); a bad `config`; the address is reached through
   ///   another device than `peer`'s (or through a librdmacm context other than `peer`'s:
   ///   compared by pointer).
-  /// - provider: rdma_create_event_channel, rdma_create_id, rdma_getaddrinfo,
-  ///   rdma_resolve_addr, rdma_resolve_route (also an ADDR_ERROR / ROUTE_ERROR event, errno
-  ///   from its status), rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
-  ///   ibv_req_notify_cq or rdma_create_qp failed.
+  /// - provider: rdma_create_event_channel, fcntl (making its fd non-blocking),
+  ///   rdma_create_id, rdma_getaddrinfo, rdma_resolve_addr, rdma_resolve_route (also an
+  ///   ADDR_ERROR / ROUTE_ERROR event, errno from its status), poll, rdma_get_cm_event,
+  ///   ibv_create_comp_channel, ibv_create_cq, ibv_req_notify_cq or rdma_create_qp failed.
   /// - nomem: out of memory.
   /// Thread safety: may be called concurrently.
   static expected<ConnReq> to(const Peer& peer, std::string_view addr, std::string_view port,
@@ -191,6 +191,10 @@ class PendingConnReq {
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
   /// The fd of the request's event channel: readable when resolution has advanced.
+  /// It is always non-blocking (O_NONBLOCK): rpmapp reads it only after poll and loops on
+  /// an empty read, so a blocking call waits whatever the fd's flags. Never clear
+  /// O_NONBLOCK: librdmacm may consume an event itself between your poll and the read,
+  /// and a blocking read would then hang until some later event.
   /// Errors: inval when empty.
   expected<int> fd() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("PendingConnReq::fd"));
@@ -203,7 +207,9 @@ class PendingConnReq {
   /// Errors: no_event (in progress); inval (empty; the address is reached through another
   /// device than the Peer's); provider (as ConnReq::to); nomem.
   expected<ConnReq> try_wait() && noexcept { return advance("PendingConnReq::try_wait", detail::Wait::none()); }
-  /// As try_wait, waiting up to `timeout` for resolution to finish.
+  /// As try_wait, waiting up to `timeout` for resolution to finish (one bound for all its
+  /// steps; a zero or negative timeout is try_wait). A signal does not interrupt a wait;
+  /// it is retried.
   expected<ConnReq> wait_for(std::chrono::milliseconds timeout) && noexcept {
     return advance("PendingConnReq::wait_for", detail::Wait::bounded(timeout));
   }

@@ -24,7 +24,8 @@ RPMAPP_BEGIN_NAMESPACE
 /// listening. Requests and connections made from it stay valid after it is gone.
 /// Thread safety: one thread at a time per Endpoint object. Endpoints that share one
 /// listener (listen_shared) may be used from different threads; each request goes to one
-/// caller. listen, listen_shared and shutdown may be called concurrently.
+/// caller, and a thread that lost the race gets no_event from try_next_conn_req and
+/// next_conn_req_for within its bound (next_conn_req waits on for the next request). listen, listen_shared and shutdown may be called concurrently.
 class Endpoint {
  public:
   /// Listens on `addr`:`port` with `peer`. A specific address restricts the listener to
@@ -38,8 +39,9 @@ class Endpoint {
   ///   without a scope, a scope naming no interface or on another kind of address; `port`
   ///   not a decimal 0..65535; a negative backlog; `addr` belongs to another device than
   ///   `peer`'s.
-  /// - provider: rdma_create_event_channel, rdma_create_id, rdma_getaddrinfo,
-  ///   rdma_bind_addr or rdma_listen failed (errno and call in the Error; e.g. EADDRINUSE).
+  /// - provider: rdma_create_event_channel, fcntl (making its fd non-blocking),
+  ///   rdma_create_id, rdma_getaddrinfo, rdma_bind_addr or rdma_listen failed (errno and
+  ///   call in the Error; e.g. EADDRINUSE).
   /// - nomem: out of memory.
   static expected<Endpoint> listen(const Peer& peer, std::string_view addr,
                                    std::string_view port,
@@ -93,31 +95,41 @@ class Endpoint {
   explicit operator bool() const noexcept { return state_ != nullptr; }
 
   /// Waits for the next connection request and creates its queue pair from `config`.
+  /// Waits until a request arrives (an empty read, e.g. another handle's thread took the
+  /// request, goes back to waiting). A signal does not interrupt a wait; it is retried.
   /// Errors:
   /// - inval: empty endpoint; a bad `config`; an event other than a connection request
   ///   (acknowledged; the reason names it); a request arriving on a device for which the
   ///   endpoint has no Peer (rejected; the reason names the device).
-  /// - no_event: the fd was made non-blocking and nothing is pending.
-  /// - provider: rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
-  ///   ibv_req_notify_cq, rdma_create_qp, rdma_ack_cm_event, rdma_create_event_channel or
-  ///   rdma_migrate_id failed (the request is rejected). A request queued so long that its
+  /// - no_event: only from try_next_conn_req and next_conn_req_for: nothing in time.
+  /// - provider: poll, rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
+  ///   ibv_req_notify_cq, rdma_create_qp, rdma_ack_cm_event, rdma_create_event_channel,
+  ///   fcntl or rdma_migrate_id failed (the request is rejected). A request queued so long that its
   ///   client has given up can fail this way (rdma_create_qp, EINVAL).
   /// - nomem: out of memory (the request is rejected).
   expected<ConnReq> next_conn_req(const ConnConfig& config = {}) noexcept {
     return next("Endpoint::next_conn_req", config, detail::Wait::forever());
   }
-  /// As next_conn_req, but returns no_event at once when no request is pending.
+  /// As next_conn_req, but returns no_event at once when no request is pending (or
+  /// another reader took it first).
   expected<ConnReq> try_next_conn_req(const ConnConfig& config = {}) noexcept {
     return next("Endpoint::try_next_conn_req", config, detail::Wait::none());
   }
-  /// As next_conn_req, but returns no_event when no request arrived within `timeout`.
+  /// As next_conn_req, but returns no_event when no request arrived within `timeout`
+  /// (never later: another reader taking the request only sends it back to waiting). A
+  /// zero or negative timeout is try_next_conn_req.
   expected<ConnReq> next_conn_req_for(std::chrono::milliseconds timeout,
                                       const ConnConfig& config = {}) noexcept {
     return next("Endpoint::next_conn_req_for", config, detail::Wait::bounded(timeout));
   }
 
   /// The listening event channel's fd, for poll/epoll (readable = a request is pending).
-  /// The caller may set O_NONBLOCK on it. Errors: inval when empty.
+  /// It is always non-blocking (O_NONBLOCK): rpmapp reads it only after poll and loops on
+  /// an empty read, so a blocking call waits whatever the fd's flags. Never clear
+  /// O_NONBLOCK: another reader (a thread on a handle of the same listener) or librdmacm
+  /// itself may take the event between your poll and the read, and a blocking read would
+  /// then hang until some later event.
+  /// Errors: inval when empty.
   expected<int> fd() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::fd"));
     return state_->channel->fd;
