@@ -9,6 +9,7 @@
 #include <rpmapp/detail/provider.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 
 #include <cerrno>
@@ -21,8 +22,8 @@ enum Call : unsigned char {
   c_create_event_channel, c_destroy_event_channel, c_create_id, c_destroy_id, c_getaddrinfo,
   c_freeaddrinfo, c_bind_addr, c_listen, c_resolve_addr, c_resolve_route, c_get_cm_event,
   c_ack_cm_event, c_migrate_id, c_create_qp, c_destroy_qp, c_accept, c_reject, c_connect,
-  c_disconnect, c_get_devices, c_free_devices, c_alloc_pd, c_dealloc_pd, c_create_comp_channel, c_destroy_comp_channel,
-  c_create_cq, c_destroy_cq, c_req_notify_cq, c_poll,
+  c_disconnect, c_get_devices, c_free_devices, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
+  c_destroy_comp_channel, c_create_cq, c_destroy_cq, c_req_notify_cq, c_fcntl, c_poll,
 };
 
 inline constexpr int pool_size = 8;
@@ -317,6 +318,11 @@ inline const rpmapp::detail::Provider provider = {
     [](ibv_cq*, int) {
       note(c_req_notify_cq);
       return 0;
+    },
+    // fcntl: rpmapp makes each event channel O_NONBLOCK (F_GETFL, then F_SETFL)
+    [](int, int cmd, int) {
+      note(c_fcntl);
+      return cmd == F_GETFL ? O_RDWR : 0;
     },
     // poll: readable when the channel has a queued event; never blocks
     [](pollfd* fds, nfds_t n, int) {
