@@ -533,6 +533,7 @@ struct FakeProvider::Impl {
   }
 
   static ibv_context** get_devices(int* num_devices) {
+    auto lock = f().lock();
     if (fails("rdma_get_devices")) {
       if (num_devices) *num_devices = 0;
       return nullptr;
@@ -547,6 +548,7 @@ struct FakeProvider::Impl {
   }
 
   static void free_devices(ibv_context** list) {
+    auto lock = f().lock();
     f().calls_.emplace_back("rdma_free_devices");
     if (!f().device_lists_.erase(list)) return f().note("rdma_free_devices: list not alive");
     f().destroyed("device_list");
@@ -844,13 +846,24 @@ FakeProvider::~FakeProvider() {
 
 FakeProvider& FakeProvider::current() { return *g_current; }
 
-ibv_context* FakeProvider::context(int device) { return cm_contexts_[device]; }
+ibv_context* FakeProvider::context(int device) {
+  auto held = lock();
+  return cm_contexts_[device];
+}
 
-ibv_context* FakeProvider::foreign_context(int device) {
+ibv_context* FakeProvider::foreign_context_locked(int device) {
   return cm_contexts_[device] == &contexts_[device] ? &foreign_[device] : &contexts_[device];
 }
 
-void FakeProvider::swap_contexts(int device) { cm_contexts_[device] = foreign_context(device); }
+ibv_context* FakeProvider::foreign_context(int device) {
+  auto held = lock();
+  return foreign_context_locked(device);
+}
+
+void FakeProvider::swap_contexts(int device) {
+  auto held = lock();
+  cm_contexts_[device] = foreign_context_locked(device);
+}
 
 std::string FakeProvider::address(int device) { return device_addresses[device]; }
 

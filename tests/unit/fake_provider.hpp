@@ -185,6 +185,7 @@ class FakeProvider {
   // The private helpers below expect mutex_ to be held.
   bool injected(const char* call, int& err);
   std::string problems_locked() const;
+  ibv_context* foreign_context_locked(int device);
   void note(std::string what) { failures_.push_back(std::move(what)); }
   void created(const std::string& kind) { ++alive_[kind]; }
   void destroyed(const std::string& kind) { --alive_[kind]; }
