@@ -16,6 +16,8 @@
 
 #include <valgrind/callgrind.h>
 
+#include <fcntl.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,9 +94,29 @@ void release(rdma_cm_id* id, Queues q, rdma_event_channel* ch) {
   p.destroy_event_channel(ch);
 }
 
-rdma_cm_event_type next_event(rdma_event_channel* ch) {
+// Event channels are made non-blocking, and every wait polls before it reads, as rpmapp's.
+void make_nonblocking(rdma_event_channel* ch) {
+  const int flags = p.fcntl(ch->fd, F_GETFL, 0);
+  if (flags < 0 || p.fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK)) fail("fcntl");
+}
+
+rdma_event_channel* new_channel() {
+  rdma_event_channel* ch = p.create_event_channel();
+  if (!ch) fail("rdma_create_event_channel");
+  make_nonblocking(ch);
+  return ch;
+}
+
+rdma_cm_event* wait_event(rdma_event_channel* ch) {
+  pollfd pfd{ch->fd, POLLIN, 0};
+  if (p.poll(&pfd, 1, 2000) <= 0) fail("poll");
   rdma_cm_event* e = nullptr;
   if (p.get_cm_event(ch, &e)) fail("rdma_get_cm_event");
+  return e;
+}
+
+rdma_cm_event_type next_event(rdma_event_channel* ch) {
+  rdma_cm_event* e = wait_event(ch);
   rdma_cm_event_type type = e->event;
   if (p.ack_cm_event(e)) fail("rdma_ack_cm_event");
   return type;
@@ -107,8 +129,7 @@ struct HandSide {
   unsigned short port = 0;
 
   void listen() {
-    lch = p.create_event_channel();
-    if (!lch) fail("rdma_create_event_channel");
+    lch = new_channel();
     if (p.create_id(lch, &lid, nullptr, RDMA_PS_TCP)) fail("rdma_create_id");
     rdma_addrinfo hints{};
     hints.ai_flags = RAI_NUMERICHOST | RAI_PASSIVE;
@@ -144,16 +165,14 @@ struct HandSide {
 
   void accept_cycle() {
     fake::incoming(fake::world.listener);
-    rdma_cm_event* e = nullptr;
-    if (p.get_cm_event(lch, &e)) fail("rdma_get_cm_event");
+    rdma_cm_event* e = wait_event(lch);
     if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) fail("not a request");
     rdma_cm_id* id = e->id;
     unsigned char pdata[56];
     std::memcpy(pdata, e->param.conn.private_data, e->param.conn.private_data_len);
     Queues q = create_queues(id, pd);
     if (p.ack_cm_event(e)) fail("rdma_ack_cm_event");
-    rdma_event_channel* ch = p.create_event_channel();
-    if (!ch) fail("rdma_create_event_channel");
+    rdma_event_channel* ch = new_channel();
     if (p.migrate_id(id, ch)) fail("rdma_migrate_id");
     rdma_conn_param param = bench::raw_conn_param();
     if (p.accept(id, &param)) fail("rdma_accept");
@@ -163,14 +182,6 @@ struct HandSide {
     release(id, q, ch);
   }
 
-  rdma_cm_event* wait_event(rdma_event_channel* ch) {
-    pollfd pfd{ch->fd, POLLIN, 0};
-    if (p.poll(&pfd, 1, 2000) <= 0) fail("poll");
-    rdma_cm_event* e = nullptr;
-    if (p.get_cm_event(ch, &e)) fail("rdma_get_cm_event");
-    return e;
-  }
-
   void connect_cycle() {
     rdma_addrinfo hints{};
     hints.ai_flags = RAI_NUMERICHOST;
@@ -178,8 +189,7 @@ struct HandSide {
     hints.ai_qp_type = IBV_QPT_RC;
     rdma_addrinfo* ai = nullptr;
     if (p.getaddrinfo(ip, client_port, &hints, &ai)) fail("rdma_getaddrinfo");
-    rdma_event_channel* ch = p.create_event_channel();
-    if (!ch) fail("rdma_create_event_channel");
+    rdma_event_channel* ch = new_channel();
     rdma_cm_id* id = nullptr;
     if (p.create_id(ch, &id, nullptr, RDMA_PS_TCP)) fail("rdma_create_id");
     if (p.resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000)) fail("rdma_resolve_addr");

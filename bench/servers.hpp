@@ -70,15 +70,14 @@ class ServerBase {
   std::thread thread_;
 };
 
-/// rpmapp: the Endpoint's fd and each Conn's fd, made non-blocking, drained with
-/// next_conn_req() / next_event() until no_event. Key: 1 = listener, else fd + 2.
+/// rpmapp: the Endpoint's fd and each Conn's fd (rpmapp makes them non-blocking), drained
+/// with try_next_conn_req() / try_next_event() until no_event. Key: 1 = listener, else
+/// fd + 2.
 class RpmappServer : public ServerBase {
  public:
   RpmappServer(const rpmapp::Peer& peer, const char* ip, const char* port)
       : ep_(must(rpmapp::Endpoint::listen(peer, ip, port), "Endpoint::listen")) {
-    int fd = must(ep_.fd(), "Endpoint::fd");
-    set_nonblocking(fd);
-    add(fd, 1);
+    add(must(ep_.fd(), "Endpoint::fd"), 1);
   }
   ~RpmappServer() override { (void)std::move(ep_).shutdown(); }
 
@@ -86,11 +85,10 @@ class RpmappServer : public ServerBase {
   void on_ready(std::uint64_t key) override {
     if (key == 1) {
       for (;;) {
-        auto req = ep_.next_conn_req();
+        auto req = ep_.try_next_conn_req();
         if (!req && req.error() == rpmapp::errc::no_event) return;
         auto conn = must(must(std::move(req), "next_conn_req").connect(), "ConnReq::connect");
         int fd = must(conn.fd(), "Conn::fd");
-        set_nonblocking(fd);
         conns_.emplace(fd, std::move(conn));
         add(fd, static_cast<std::uint64_t>(fd) + 2);
       }
@@ -99,7 +97,7 @@ class RpmappServer : public ServerBase {
     auto it = conns_.find(fd);
     if (it == conns_.end()) return;
     for (;;) {
-      auto ev = it->second.next_event();
+      auto ev = it->second.try_next_event();
       if (!ev && ev.error() == rpmapp::errc::no_event) return;
       if (must(std::move(ev), "Conn::next_event") == rpmapp::ConnEvent::closed) {
         del(fd);
