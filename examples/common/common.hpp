@@ -18,8 +18,9 @@ namespace example {
 
 using namespace std::chrono_literals;
 
-/// Every wait in the examples is bounded, so that a failure never hangs.
-inline constexpr std::chrono::milliseconds wait_bound = 10s;
+/// Every wait in the examples is bounded, so that a failure never hangs. Generous: under
+/// software emulation on a busy machine a client process can take seconds to start.
+inline constexpr std::chrono::milliseconds wait_bound = 30s;
 /// How often a client tries to connect before giving up.
 inline constexpr int connect_attempts = 5;
 
