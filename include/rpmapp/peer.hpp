@@ -19,6 +19,7 @@ namespace detail {
 /// Shared by a Peer and everything made from it, so that the protection domain outlives
 /// every queue pair created on it. The device context is librdmacm's (never closed).
 struct PeerState {
+  const Provider* seam = current_provider;  // the provider that makes and releases it
   ibv_context* context = nullptr;
   ProtectionDomain pd;
 };
@@ -137,7 +138,7 @@ class Peer {
     auto state = std::move(state_);
     if (state.use_count() == 1) {
       // libibverbs' destroy calls return the errno value instead of setting errno
-      if (int rc = detail::provider().dealloc_pd(state->pd.release()); rc != 0)
+      if (int rc = state->seam->dealloc_pd(state->pd.release()); rc != 0)
         return detail::fail(detail::provider_error("ibv_dealloc_pd", rc));
     }
     return {};

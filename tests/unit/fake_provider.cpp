@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <net/if.h>
+#include <netdb.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +13,7 @@
 
 #include <fcntl.h>
 #include <sstream>
+#include <utility>
 
 namespace fake {
 namespace {
@@ -204,13 +206,12 @@ struct FakeProvider::Impl {
                          rdma_addrinfo** out) {
     auto lock = f().lock();
     if (fails("rdma_getaddrinfo")) return -1;
+    if (int code = std::exchange(f().getaddrinfo_eai, 0); code != 0) return code;
     sockaddr_storage addr{};
     std::string text = node ? node : "";
     int port = service ? std::atoi(service) : 0;
-    if (!set_sockaddr(addr, text, static_cast<std::uint16_t>(port))) {
-      errno = EADDRNOTAVAIL;
-      return -1;
-    }
+    if (!set_sockaddr(addr, text, static_cast<std::uint16_t>(port)))
+      return EAI_NONAME;  // getaddrinfo with AI_NUMERICHOST; errno is not set
     auto* ai = new rdma_addrinfo{};
     auto* sa = reinterpret_cast<sockaddr*>(new sockaddr_storage(addr));
     ai->ai_family = addr.ss_family;

@@ -135,6 +135,10 @@ class FakeProvider {
   rdma_cm_event_type route_event = RDMA_CM_EVENT_ROUTE_RESOLVED;
   int route_status = 0;
 
+  /// When not 0, the next rdma_getaddrinfo returns this getaddrinfo EAI_* code (errno
+  /// untouched), as librdmacm passes getaddrinfo's result through.
+  int getaddrinfo_eai = 0;
+
   // ---- what was sent
   std::vector<Sent> accepts, rejects, connects;
   std::vector<rdma_cm_id*> disconnects;

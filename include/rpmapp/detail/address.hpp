@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 
 #include <bit>
@@ -143,7 +144,51 @@ inline bool is_wildcard(std::string_view addr) noexcept {
   return parse_host(AF_INET6, addr, &v6) && IN6_IS_ADDR_UNSPECIFIED(&v6);
 }
 
+/// The name of a getaddrinfo EAI_* code ("EAI_NONAME"), or "" for an unknown one.
+inline std::string_view eai_name(int code) noexcept {
+  switch (code) {
+    case EAI_BADFLAGS: return "EAI_BADFLAGS";
+    case EAI_NONAME: return "EAI_NONAME";
+    case EAI_AGAIN: return "EAI_AGAIN";
+    case EAI_FAIL: return "EAI_FAIL";
+    case EAI_FAMILY: return "EAI_FAMILY";
+    case EAI_SOCKTYPE: return "EAI_SOCKTYPE";
+    case EAI_SERVICE: return "EAI_SERVICE";
+    case EAI_MEMORY: return "EAI_MEMORY";
+    case EAI_SYSTEM: return "EAI_SYSTEM";
+    case EAI_OVERFLOW: return "EAI_OVERFLOW";
+#ifdef EAI_NODATA
+    case EAI_NODATA: return "EAI_NODATA";
+#endif
+#ifdef EAI_ADDRFAMILY
+    case EAI_ADDRFAMILY: return "EAI_ADDRFAMILY";
+#endif
+  }
+  return "";
+}
+
+/// The Error of a failed rdma_getaddrinfo. It fails in two ways (librdmacm/addrinfo.c):
+/// -1 with errno set (its own checks, ucma_init, allocation), or getaddrinfo's EAI_* code,
+/// which sets no errno (but EAI_SYSTEM, whose cause is in errno). `errno_after` is errno
+/// read right after the call, which was made with errno cleared. EAI_BADFLAGS is also -1:
+/// told apart by the untouched errno.
+inline Error addrinfo_error(int rc, int errno_after, std::string_view node,
+                            std::string_view service) noexcept {
+  constexpr const char* call = "rdma_getaddrinfo";
+  if ((rc == -1 && errno_after != 0) || (rc == EAI_SYSTEM && errno_after != 0))
+    return make_error(errno_after == ENOMEM ? errc::nomem : errc::provider, errno_after, call,
+                      "cannot resolve {}:{}", node, service);
+  if (rc == EAI_MEMORY)
+    return make_error(errc::nomem, ENOMEM, call, "cannot resolve {}:{}: EAI_MEMORY ({})", node,
+                      service, gai_strerror(rc));
+  const std::string_view name = eai_name(rc);
+  return make_error(errc::provider, 0, call, "cannot resolve {}:{}: {} ({}, code {})", node,
+                    service, name.empty() ? "unknown EAI code" : name, gai_strerror(rc), rc);
+}
+
 /// rdma_getaddrinfo for a numeric address and port (RDMA_PS_TCP). `passive` binds.
+/// Errors: provider (errno, or the EAI_* code named in the reason with errno 0); nomem
+/// (ENOMEM or EAI_MEMORY).
 inline expected<AddrInfo> get_addr_info(const std::string& node, const std::string& service,
                                         bool passive) noexcept {
   rdma_addrinfo hints{};
@@ -154,11 +199,7 @@ inline expected<AddrInfo> get_addr_info(const std::string& node, const std::stri
   errno = 0;
   int rc = provider().getaddrinfo(node.c_str(), service.empty() ? nullptr : service.c_str(),
                                   &hints, &info);
-  if (rc != 0) {
-    int e = errno != 0 ? errno : EADDRNOTAVAIL;
-    return fail(make_error(e == ENOMEM ? errc::nomem : errc::provider, e, "rdma_getaddrinfo",
-                           "cannot resolve {}:{} (code {})", node, service, rc));
-  }
+  if (rc != 0) return fail(addrinfo_error(rc, errno, node, service));
   return AddrInfo(info);
 }
 

@@ -71,9 +71,10 @@ inline expected<void> make_nonblocking(rdma_event_channel* channel) noexcept {
 /// until `deadline`: poll for the time left, then a (non-blocking) read; an empty read
 /// (another reader took the event, or librdmacm consumed it) goes back to poll. A signal
 /// (EINTR from poll or from the read) does not end the wait: it is retried with the time
-/// left. Errors: no_event (nothing by the deadline), provider (poll, rdma_get_cm_event).
-inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadline& deadline) noexcept {
-  const Provider& p = provider();
+/// left. The calls go through `p` (the provider that made the channel, for teardown).
+/// Errors: no_event (nothing by the deadline), provider (poll, rdma_get_cm_event).
+inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadline& deadline,
+                                       const Provider& p = provider()) noexcept {
   int empty_read = 0;  // errno of the last read that found nothing
   for (;;) {
     pollfd pfd{channel->fd, POLLIN, 0};
@@ -87,7 +88,7 @@ inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadli
     if (n > 0) {
       rdma_cm_event* event = nullptr;
       errno = 0;
-      if (p.get_cm_event(channel, &event) == 0) return CmEvent(event);
+      if (p.get_cm_event(channel, &event) == 0) return CmEvent(event, CmEventAcker{{&p}});
       const int e = errno;
       if (e == EINTR) continue;
       if (!is_empty_channel_errno(e)) return fail(provider_error("rdma_get_cm_event", e));
@@ -100,14 +101,17 @@ inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadli
 }
 
 /// As above, with a deadline starting now.
-inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, Wait wait) noexcept {
-  return next_cm_event(channel, Deadline(wait));
+inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, Wait wait,
+                                       const Provider& p = provider()) noexcept {
+  return next_cm_event(channel, Deadline(wait), p);
 }
 
-/// Acknowledges an event explicitly, reporting a failure.
+/// Acknowledges an event explicitly (through the provider it came from), reporting a
+/// failure.
 inline expected<void> ack(CmEvent& event) noexcept {
+  const Provider& p = event.get_deleter().provider();
   errno = 0;
-  if (provider().ack_cm_event(event.release()) != 0)
+  if (p.ack_cm_event(event.release()) != 0)
     return fail(provider_error("rdma_ack_cm_event", errno));
   return {};
 }

@@ -22,6 +22,7 @@ namespace detail {
 /// their channel, then the cm_id (rejected first if it is an unanswered request), then its
 /// event channel, and the protection domain (Peer) last.
 struct ConnectionCore {
+  const Provider* seam = current_provider;  // the provider that makes and releases it
   std::shared_ptr<PeerState> peer;
   EventChannel channel;
   CmId id;
@@ -60,7 +61,7 @@ struct FirstError {
 
 /// Releases everything `core` owns, in teardown order, reporting the first failure.
 inline expected<void> close_core(ConnectionCore& core) noexcept {
-  const Provider& p = provider();
+  const Provider& p = *core.seam;
   FirstError first;
   if (core.qp) p.destroy_qp(core.qp.release());
   if (core.rcq) first.value_call(p.destroy_cq(core.rcq.release()), "ibv_destroy_cq");

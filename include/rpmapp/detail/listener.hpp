@@ -37,6 +37,7 @@ inline ListenerRegistry& listener_registry() {
 
 /// Member order is teardown order, reversed: the listening id before its channel.
 struct ListenerState {
+  const Provider* seam = current_provider;  // the provider that makes and releases it
   std::vector<std::shared_ptr<PeerState>> peers;
   EventChannel channel;
   CmId id;
@@ -55,11 +56,11 @@ struct ListenerState {
   /// non-blocking reads (another handle's thread may take a request meanwhile).
   /// Idempotent; reports the first failure.
   expected<void> stop() noexcept {
-    const Provider& p = provider();
+    const Provider& p = *seam;
     FirstError first;
     if (id) {
       for (;;) {
-        auto event = next_cm_event(channel.get(), Wait::none());
+        auto event = next_cm_event(channel.get(), Wait::none(), p);
         if (!event) {
           if (event.error() != errc::no_event) first.note(event.error());
           break;
