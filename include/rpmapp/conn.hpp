@@ -172,23 +172,21 @@ class Conn {
 
   expected<ConnEvent> next(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
-    using clock = std::chrono::steady_clock;
-    const auto deadline = clock::now() + std::chrono::milliseconds(wait.ms);
+    // One deadline for every event taken: a swallowed second end-of-connection event
+    // does not extend the caller's bound.
+    const detail::Deadline deadline(wait);
     for (;;) {
-      auto event = next_once(call, wait);
+      auto event = next_once(call, deadline);
       if (!event) return detail::fail(event.error());
       if (*event) return **event;
-      // Swallowed the second end-of-connection event: wait on within the caller's bound.
-      if (wait.ms > 0)
-        wait = detail::Wait::bounded(
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
     }
   }
 
   // Takes and acknowledges one event: its ConnEvent, or nullopt for one not reported.
-  expected<std::optional<ConnEvent>> next_once(const char* call, detail::Wait wait) noexcept {
+  expected<std::optional<ConnEvent>> next_once(const char* call,
+                                               const detail::Deadline& deadline) noexcept {
     return detail::no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
-      auto event = detail::next_cm_event(core_->channel.get(), wait);
+      auto event = detail::next_cm_event(core_->channel.get(), deadline);
       if (!event) return detail::fail(event.error());
       const rdma_cm_event_type type = (*event)->event;
       // Copy before the acknowledgement releases the event; publish after it succeeded.
