@@ -63,13 +63,25 @@ class Endpoint {
     });
   }
 
-  /// ib_cm_insert_listen's behaviour: when this process already listens on the same device
-  /// (or the wildcard) and port through listen_shared, returns a new handle to that
-  /// listener; otherwise listens as listen() does. The listener stops when its last handle
-  /// goes. Port "0" always creates a listener (shared by later calls with its port).
-  /// A shared listener keeps the peer and options (backlog) of its first caller.
-  /// Errors: as listen(); inval also when the device's port is already shared by a
-  /// listener bound to another address of that device.
+  /// ib_cm_insert_listen's behaviour: when this process already listens through
+  /// listen_shared on the same bound address and port, returns a new handle to that
+  /// listener; otherwise listens as listen() does. The key is the address as the kernel
+  /// binds it: family, canonical address, port ("::0" and "::" are one key, "0.0.0.0" and
+  /// "::" two; "" is keyed as the wildcard listen() binds for it). A second specific
+  /// address of one device is another listener. The listener stops when its last handle
+  /// goes. Port "0" always creates a listener (shared by later calls with its port). The
+  /// first caller's options (backlog) stay.
+  /// A later caller's Peer: the same Peer shares; on a wildcard listener, a Peer on a device
+  /// not yet served joins (that device's requests are served with it from then on, until
+  /// the listener stops); anything else is inval (its connections would not be in its
+  /// protection domain). (ib_cm_insert_listen also shares only with the same handler.)
+  /// Errors: as listen(); inval also when:
+  /// - the Peer is on a device the listener already serves with another Peer, or on
+  ///   another device than the specific address the listener is bound to;
+  /// - "::" while this process shares the port's IPv4 wildcard ("0.0.0.0"), or the reverse
+  ///   (an IPv6 wildcard takes IPv4 requests too; the kernel would refuse it).
+  /// Thread safety: may be called concurrently with listen_shared, shutdown and the
+  /// destructor of any Endpoint (the registry of shared listeners is locked).
   static expected<Endpoint> listen_shared(const Peer& peer, std::string_view addr,
                                           std::string_view port,
                                           const ListenOptions& options = {}) noexcept {
@@ -160,17 +172,18 @@ class Endpoint {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::device"));
     return std::string_view(state_->device);
   }
-  /// How many Endpoint handles share this listener (1 unless listen_shared).
-  /// Errors: inval when empty.
+  /// How many Endpoint handles share this listener (1 unless listen_shared): the handles
+  /// counted by listen_shared and shutdown. Errors: inval when empty.
   expected<long> share_count() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::share_count"));
-    std::lock_guard lock(detail::listener_registry().mutex);
-    return state_.use_count();
+    return detail::handle_count(*state_);
   }
 
   /// Releases this handle (consumed: empty afterwards, whatever the result). When it is
   /// the listener's last handle, the pending connection requests are rejected and
-  /// acknowledged, then the listening cm_id and the event channel are destroyed.
+  /// acknowledged, then the listening cm_id and the event channel are destroyed; for a
+  /// shared listener this happens before another listen_shared can see the port free,
+  /// and the errors go to the caller that released the last handle.
   /// Requests taken and connections made earlier are not affected.
   /// Errors: inval when empty; provider: rdma_get_cm_event, rdma_reject,
   /// rdma_ack_cm_event or rdma_destroy_id failed (the rest is still released).

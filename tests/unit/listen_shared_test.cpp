@@ -1,6 +1,12 @@
 // Endpoint::listen_shared: ib_cm_insert_listen semantics.
 #include "test_util.hpp"
 
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 using namespace test;
@@ -118,19 +124,22 @@ TEST_CASE("listen_shared: bad arguments are inval, before any provider call",
   fake.expect_clean();
 }
 
-TEST_CASE("listen_shared: another address on a shared device port is inval",
+TEST_CASE("listen_shared: another address on a shared port is another listener",
           "[listen_shared][inval]") {
   fake::FakeProvider fake;
   Peer peer = open_peer(fake);
   auto first = Endpoint::listen_shared(peer, "169.254.77.1", "7471");
   REQUIRE(first);
-  for (const char* addr : {"abc", "169.254.78.1", "169.254.77.5"}) {
-    INFO("address " << addr);
-    auto other = Endpoint::listen_shared(peer, addr, "7471");
-    REQUIRE_FALSE(other);
-    CHECK(other.error().code() == errc::inval);
-    CHECK(other.error().call() == "Endpoint::listen_shared");
-  }
+  auto malformed = Endpoint::listen_shared(peer, "abc", "7471");
+  REQUIRE_FALSE(malformed);
+  check_inval(malformed.error(), "Endpoint::listen_shared", "numeric");
+  auto foreign = Endpoint::listen_shared(peer, "169.254.78.1", "7471");  // fake1's address
+  REQUIRE_FALSE(foreign);
+  check_inval(foreign.error(), "Endpoint::listen_shared", "fake1");
+  // Keyed by address, not device: the kernel decides (the fake's fake0 has one address).
+  auto other = Endpoint::listen_shared(peer, "169.254.77.5", "7471");
+  REQUIRE_FALSE(other);
+  check_injected(other.error(), "rdma_bind_addr", EADDRNOTAVAIL);
   CHECK(*first->share_count() == 1);
 }
 
@@ -153,4 +162,153 @@ TEST_CASE("listen_shared validates its arguments even when a listener exists",
   REQUIRE_FALSE(malformed);
   check_inval(malformed.error(), "Endpoint::listen_shared", "numeric");
   CHECK(*first->share_count() == 1);
+}
+
+// ---- issue 8.7: keys and Peers of shared listeners
+
+TEST_CASE("issue 8.7: an IPv6 wildcard is not handed the IPv4-only listener of its port",
+          "[listen_shared][issue8]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    auto v4 = Endpoint::listen_shared(peer, "0.0.0.0", "7471");
+    REQUIRE(v4);
+    const auto mark = fake.mark();
+    auto v6 = Endpoint::listen_shared(peer, "::", "7471");
+    REQUIRE_FALSE(v6);  // before: the IPv4 listener, shared (IPv6 clients refused)
+    check_inval(v6.error(), "Endpoint::listen_shared", "port 7471 is held by an IPv4-only wildcard");
+    CHECK(fake.calls_since(mark).empty());
+    CHECK(*v4->share_count() == 1);
+    // And the reverse: an IPv6 wildcard already takes the port's IPv4 requests.
+    auto dual = Endpoint::listen_shared(peer, "::", "7472");
+    REQUIRE(dual);
+    CHECK(*dual->local_address() == "::");
+    auto v4_after = Endpoint::listen_shared(peer, "0.0.0.0", "7472");
+    REQUIRE_FALSE(v4_after);  // before: the IPv6 listener, shared
+    check_inval(v4_after.error(), "Endpoint::listen_shared", "held by an IPv6 wildcard");
+    CHECK(*dual->share_count() == 1);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("issue 8.7: \"::0\" and \"::\" are one key (the bound address, not the device)",
+          "[listen_shared][issue8]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    auto a = Endpoint::listen_shared(peer, "::0", "7471");
+    REQUIRE(a);
+    CHECK(*a->device() == "");  // a wildcard listener
+    for (const char* same : {"::", "0::0", "0:0:0:0:0:0:0:0"}) {
+      INFO("address " << same);
+      auto b = Endpoint::listen_shared(peer, same, "7471");
+      INFO((b ? std::string() : b.error().message()));
+      REQUIRE(b);  // before: "::0" was keyed by device fake0, "::" got EADDRINUSE
+      CHECK(*b->fd() == *a->fd());
+      CHECK(*a->share_count() == 2);
+    }
+    CHECK(fake.alive("cm_id") == 1);
+    auto back = Endpoint::listen_shared(peer, "::0", "7471");
+    REQUIRE(back);
+    CHECK(*back->fd() == *a->fd());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("issue 8.7: a Peer on a device the wildcard listener does not serve joins it",
+          "[listen_shared][issue8]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer0 = open_peer(fake, 0);
+    Peer peer1 = open_peer(fake, 1);
+    auto a = Endpoint::listen_shared(peer0, "", "7471");
+    REQUIRE(a);
+    auto b = Endpoint::listen_shared(peer1, "0.0.0.0", "7471");
+    REQUIRE(b);
+    CHECK(*b->fd() == *a->fd());
+    CHECK(*a->share_count() == 2);
+    // A request on fake1 is served with peer1 (before: rejected, "no peer" for fake1) ...
+    fake.inject_connect_request(*a->fd(), {1, "on fake1", "169.254.78.20", 40001});
+    auto on1 = a->try_next_conn_req();
+    INFO((on1 ? std::string() : on1.error().message()));
+    REQUIRE(on1);
+    CHECK(fake.qp_pd.at(*on1->qp_num()) == *peer1.pd());
+    // ... and one on fake0 with peer0, whichever handle takes it.
+    fake.inject_connect_request(*a->fd(), {0, "on fake0", "169.254.77.20", 40002});
+    auto on0 = b->try_next_conn_req();
+    REQUIRE(on0);
+    CHECK(fake.qp_pd.at(*on0->qp_num()) == *peer0.pd());
+    // peer1 again: already served, shares.
+    auto c = Endpoint::listen_shared(peer1, "", "7471");
+    REQUIRE(c);
+    CHECK(*c->share_count() == 3);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("issue 8.7: a Peer the shared listener cannot serve is inval, naming why",
+          "[listen_shared][issue8][inval]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer0 = open_peer(fake, 0);
+    Peer other0 = open_peer(fake, 0);  // same device, another protection domain
+    Peer peer1 = open_peer(fake, 1);
+    auto wildcard = Endpoint::listen_shared(peer0, "", "7471");
+    REQUIRE(wildcard);
+    auto specific = Endpoint::listen_shared(peer0, "169.254.77.1", "7472");
+    REQUIRE(specific);
+    const auto mark = fake.mark();
+    // before: the listener was returned and other0 silently ignored
+    auto same_device = Endpoint::listen_shared(other0, "", "7471");
+    REQUIRE_FALSE(same_device);
+    check_inval(same_device.error(), "Endpoint::listen_shared",
+                "serves device fake0 with another Peer");
+    auto same_device_specific = Endpoint::listen_shared(other0, "169.254.77.1", "7472");
+    REQUIRE_FALSE(same_device_specific);
+    check_inval(same_device_specific.error(), "Endpoint::listen_shared",
+                "serves device fake0 with another Peer");
+    // before: inval from listening anew ("belongs to device fake0"), not from the listener
+    auto other_device = Endpoint::listen_shared(peer1, "169.254.77.1", "7472");
+    REQUIRE_FALSE(other_device);
+    check_inval(other_device.error(), "Endpoint::listen_shared",
+                "169.254.77.1 port 7472 is bound to device fake0; the peer is on fake1");
+    CHECK(fake.calls_since(mark).empty());
+    CHECK(*wildcard->share_count() == 1);
+    CHECK(*specific->share_count() == 1);
+    // A request on fake0 is still served with peer0.
+    fake.inject_connect_request(*wildcard->fd(), {0, "", "169.254.77.20", 40001});
+    auto req = wildcard->try_next_conn_req();
+    REQUIRE(req);
+    CHECK(fake.qp_pd.at(*req->qp_num()) == *peer0.pd());
+  }
+  fake.expect_clean();
+}
+
+// ---- issue 8.5: the registry outlives every Endpoint
+
+namespace {
+// The child process of the test below: a provider and an Endpoint that live until exit.
+fake::FakeProvider* exit_fake = nullptr;
+std::optional<Endpoint> exit_endpoint;  // constructed before the registry exists
+}  // namespace
+
+TEST_CASE("issue 8.5: an Endpoint from listen_shared held in a global is released at exit",
+          "[listen_shared][issue8]") {
+  std::fflush(nullptr);  // the child must not print the parent's buffered output again
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    exit_fake = new fake::FakeProvider;  // never destroyed: the Endpoint needs it at exit
+    auto peer = Peer::open(exit_fake->context(0));
+    if (!peer) _exit(3);
+    auto ep = Endpoint::listen_shared(*peer, "169.254.77.1", "7471");
+    if (!ep) _exit(4);
+    exit_endpoint.emplace(std::move(*ep));
+    std::exit(0);  // static destructors run: the registry is used by ~Endpoint after them
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  // before: AddressSanitizer reported a heap-use-after-free in release_listener (exit 1)
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

@@ -10,12 +10,14 @@
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/peer.hpp>
 
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,27 +26,68 @@ namespace detail {
 
 struct ListenerState;
 
-/// Listeners made by listen_shared, by (device or "" for the wildcard, port).
-struct ListenerRegistry {
-  std::mutex mutex;
-  std::map<std::pair<std::string, std::uint16_t>, std::weak_ptr<ListenerState>> listeners;
+/// A shared listener's key: the address as the kernel binds it. Family and canonical text
+/// ("::0" and "::" are one key; "0.0.0.0" and "::" are two; the scope as an interface
+/// name), and port.
+struct ListenerKey {
+  int family = 0;
+  std::string address;
+  std::uint16_t port = 0;
+  auto operator<=>(const ListenerKey&) const = default;
 };
 
+/// Listeners made by listen_shared. `mutex` also guards each ListenerState's `handles`.
+struct ListenerRegistry {
+  std::mutex mutex;
+  std::map<ListenerKey, std::weak_ptr<ListenerState>> listeners;
+};
+
+/// Never destroyed: an Endpoint held in a global is destroyed at exit, possibly after a
+/// function-local static made later would be. The pointer keeps it reachable, so
+/// LeakSanitizer does not report it.
 inline ListenerRegistry& listener_registry() {
-  static ListenerRegistry registry;
-  return registry;
+  static ListenerRegistry* const registry = new ListenerRegistry;
+  return *registry;
+}
+
+/// The node a listener binds for `addr` first: "" is the IPv6 (dual-stack) wildcard.
+inline std::string listen_node(std::string_view addr) {
+  return std::string(addr.empty() ? std::string_view("::") : addr);
+}
+
+/// The registry key a listen_shared call for a numeric `addr` and `port` looks up: as
+/// canonical_address writes it, which is what address_of gives for the bound address.
+inline ListenerKey listener_key(std::string_view addr, std::uint16_t port) {
+  const std::string node = listen_node(addr);
+  std::string text = canonical_address(node);
+  if (text.empty()) text = node;
+  return {text.find(':') != std::string::npos ? AF_INET6 : AF_INET, std::move(text), port};
+}
+
+/// The key of a bound listener: its address as the kernel bound it.
+inline ListenerKey listener_key(const sockaddr* bound) {
+  return {bound->sa_family, address_of(bound), port_of(bound)};
+}
+
+inline bool is_any_address(const ListenerKey& key) {
+  return (key.family == AF_INET && key.address == "0.0.0.0") ||
+         (key.family == AF_INET6 && key.address == "::");
 }
 
 /// Member order is teardown order, reversed: the listening id before its channel.
 struct ListenerState {
   const Provider* seam = current_provider;  // the provider that makes and releases it
+  /// The Peers serving requests, at most one per device. Guarded by `peers_mutex`: a
+  /// listen_shared caller may join while handles take requests in other threads.
   std::vector<std::shared_ptr<PeerState>> peers;
+  mutable std::mutex peers_mutex;
   EventChannel channel;
   CmId id;
   std::string device;  // "" for a wildcard listener
-  std::string address;  // the bound address, kept for shared listeners only
   std::uint16_t port = 0;
   bool shared = false;
+  ListenerKey key;   // shared listeners only
+  long handles = 1;  // Endpoint handles; for shared listeners guarded by the registry mutex
 
   ListenerState() = default;
   ListenerState(const ListenerState&) = delete;
@@ -80,6 +123,7 @@ struct ListenerState {
       first.errno_call(p.destroy_id(id.release()), "rdma_destroy_id");
     }
     if (channel) p.destroy_event_channel(channel.release());
+    std::lock_guard lock(peers_mutex);
     peers.clear();
     return first.result();
   }
@@ -118,7 +162,7 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   // dual-stack unless net.ipv6.bindv6only is 1. Linux binds it even with IPv6 disabled;
   // should a stack refuse the family (EAFNOSUPPORT), "" binds the IPv4 wildcard instead
   // (a failed bind leaves the id unbound).
-  auto info = get_addr_info(std::string(addr.empty() ? "::" : addr), std::string(port), true);
+  auto info = get_addr_info(listen_node(addr), std::string(port), true);
   if (!info) return fail(info.error());
   errno = 0;
   int bound = p.bind_addr(id, (*info)->ai_src_addr);
@@ -153,6 +197,29 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   return state;
 }
 
+/// A further listen_shared caller with `peer` on the existing shared `listener`: the same
+/// Peer shares it; a Peer on a device the wildcard listener does not serve yet joins it
+/// (that device's requests are served with it from then on); anything else is inval, as
+/// its connections would be in another protection domain than its memory.
+/// The caller holds the registry lock.
+inline expected<void> join_listener(const char* call, ListenerState& listener, const Peer& peer) {
+  const std::shared_ptr<PeerState>& mine = peer.state();
+  const std::string_view device = device_name(mine->context);
+  std::lock_guard lock(listener.peers_mutex);
+  if (listener.id->verbs != nullptr && listener.id->verbs != mine->context)
+    return fail(invalid(call, "the listener on {} port {} is bound to device {}; the peer is on {}",
+                        listener.key.address, listener.port, listener.device, device));
+  for (const auto& served : listener.peers) {
+    if (served == mine) return {};
+    if (served->context == mine->context)
+      return fail(invalid(call, "the listener on {} port {} serves device {} with another Peer "
+                                "(another protection domain); pass that Peer",
+                          listener.key.address, listener.port, device));
+  }
+  listener.peers.push_back(mine);
+  return {};
+}
+
 inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, const Peer& peer,
                                                              std::string_view addr,
                                                              std::string_view port,
@@ -163,43 +230,69 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
   if (!is_wildcard(addr))
     if (auto ok = check_numeric_address(call, addr); !ok) return fail(ok.error());
   if (options.backlog < 0) return fail(invalid(call, "backlog {} is negative", options.backlog));
-  const std::string device(is_wildcard(addr) ? "" : device_name(peer.state()->context));
+  ListenerKey key = listener_key(addr, *number);
   auto& registry = listener_registry();
+  // Held while listening too: two callers for one key must not both create a listener.
   std::lock_guard lock(registry.mutex);
   if (*number != 0) {
-    auto found = registry.listeners.find({device, *number});
+    auto found = registry.listeners.find(key);
     if (found != registry.listeners.end()) {
       if (auto existing = found->second.lock()) {
-        if (!device.empty() && existing->address != canonical_address(addr))
-          return fail(invalid(call, "port {} on device {} is already listened on at address {}",
-                              *number, device, existing->address));
+        if (auto joined = join_listener(call, *existing, peer); !joined)
+          return fail(joined.error());
+        ++existing->handles;
         return existing;
       }
+    }
+    // An IPv6 wildcard takes IPv4 requests too (unless net.ipv6.bindv6only), so the kernel
+    // refuses it next to an IPv4 wildcard on the port, and the reverse, with EADDRNOTAVAIL.
+    if (is_any_address(key)) {
+      ListenerKey other{key.family == AF_INET ? AF_INET6 : AF_INET,
+                        key.family == AF_INET ? "::" : "0.0.0.0", key.port};
+      if (registry.listeners.count(other) != 0 && key.family == AF_INET6)
+        return fail(invalid(call, "port {} is held by an IPv4-only wildcard listener (0.0.0.0) of "
+                                  "this process; an IPv6 wildcard would take IPv4 requests too",
+                            key.port));
+      if (registry.listeners.count(other) != 0)
+        return fail(invalid(call, "port {} is held by an IPv6 wildcard listener (::) of this "
+                                  "process, which takes IPv4 requests too; share it with \"::\"",
+                            key.port));
     }
   }
   auto state = start_listening(call, std::span<const Peer>(&peer, 1), addr, port, options);
   if (!state) return state;
   (*state)->shared = true;
-  (*state)->address = address_of(rdma_get_local_addr((*state)->id.get()));
-  registry.listeners[{device, (*state)->port}] = *state;
+  // As bound (port 0 assigned; "" on a stack without IPv6 falls back to "0.0.0.0").
+  key = listener_key(rdma_get_local_addr((*state)->id.get()));
+  (*state)->key = key;
+  registry.listeners[key] = *state;
   return state;
 }
 
 /// Drops one handle of a listener; the last one stops it and reports the result.
+/// Shared listeners: counting, removal from the registry and stop() are one step under the
+/// registry lock, so no other handle can be counted as the last, and no listen_shared can
+/// find the port still bound by an id about to be destroyed (EADDRINUSE) - whatever its
+/// key: a wildcard and a specific address on one port conflict in the kernel too. This
+/// holds other listen_shared calls for one teardown, which is bounded: the drain reads
+/// non-blocking, rdma_destroy_id waits only for the kernel's handlers of this id.
 inline expected<void> release_listener(std::shared_ptr<ListenerState> state) noexcept {
+  if (!state->shared) return state->stop();  // plain listeners: one handle, no registry
   auto& registry = listener_registry();
-  std::unique_lock lock(registry.mutex);
-  if (state.use_count() > 1) return {};
-  if (state->shared) {
-    for (auto it = registry.listeners.begin(); it != registry.listeners.end(); ++it) {
-      if (!it->second.owner_before(state) && !state.owner_before(it->second)) {
-        registry.listeners.erase(it);
-        break;
-      }
-    }
-  }
-  lock.unlock();
+  std::lock_guard lock(registry.mutex);
+  if (--state->handles > 0) return {};
+  auto found = registry.listeners.find(state->key);
+  if (found != registry.listeners.end() && !found->second.owner_before(state) &&
+      !state.owner_before(found->second))
+    registry.listeners.erase(found);
   return state->stop();
+}
+
+/// How many Endpoint handles `state` has.
+inline long handle_count(const ListenerState& state) {
+  if (!state.shared) return 1;
+  std::lock_guard lock(listener_registry().mutex);
+  return state.handles;
 }
 
 /// Takes the next CONNECT_REQUEST of `listener` and builds the request's resources: its
@@ -223,9 +316,12 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
   store_private_data(core->private_data, **event);
   const std::string_view device = device_name(core->id->verbs);
   const PeerState* same_name = nullptr;
-  for (const auto& peer : listener.peers) {
-    if (peer->context == core->id->verbs) core->peer = peer;  // by pointer, as rdma_create_qp
-    else if (device_name(peer->context) == device) same_name = peer.get();
+  {
+    std::lock_guard lock(listener.peers_mutex);  // a listen_shared caller may be joining
+    for (const auto& peer : listener.peers) {
+      if (peer->context == core->id->verbs) core->peer = peer;  // by pointer, as rdma_create_qp
+      else if (device_name(peer->context) == device) same_name = peer.get();
+    }
   }
   if (!core->peer && same_name != nullptr)
     return fail(context_mismatch(call, "a request arrived on", core->id->verbs,
