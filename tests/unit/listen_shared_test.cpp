@@ -5,9 +5,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <latch>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 using namespace test;
 
@@ -311,4 +319,101 @@ TEST_CASE("issue 8.5: an Endpoint from listen_shared held in a global is release
   // before: AddressSanitizer reported a heap-use-after-free in release_listener (exit 1)
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+// ---- issue 8.4: the last handle, with threads (the fake is thread-safe; Catch2 is not:
+// threads record, the main thread asserts)
+
+namespace {
+long count_calls(const std::vector<std::string>& log, const std::string& call) {
+  return static_cast<long>(std::count(log.begin(), log.end(), call));
+}
+}  // namespace
+
+// THREAD_SAFETY.md, Endpoint: "listen, listen_shared and shutdown (and destruction) may be
+// called concurrently: the registry of shared listeners is protected by a mutex".
+TEST_CASE("issue 8.4: listen_shared and shutdown from 2 and 16 threads on one port",
+          "[listen_shared][issue8][threads]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    std::mutex mutex;
+    std::vector<std::string> problems;
+    std::atomic<int> listened{0};
+    // 2 threads let the handle count drop to zero often (the old race: a listen_shared
+    // between the unlock and stop() got EADDRINUSE); 16 threads contend for the lock.
+    for (const auto& [threads, rounds] : {std::pair{2, 10000}, std::pair{16, 1000}}) {
+      std::latch start(threads);
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t)
+        pool.emplace_back([&, t, rounds = rounds] {
+          start.arrive_and_wait();
+          for (int i = 0; i < rounds; ++i) {
+            auto ep = Endpoint::listen_shared(peer, "169.254.77.1", "7471");
+            if (!ep) {
+              std::lock_guard lock(mutex);
+              problems.push_back("listen_shared: " + ep.error().message());
+              continue;
+            }
+            ++listened;
+            if (t % 2 == 0) {
+              if (auto done = std::move(*ep).shutdown(); !done) {
+                std::lock_guard lock(mutex);
+                problems.push_back("shutdown: " + done.error().message());
+              }
+            }  // odd threads: the destructor releases the handle
+          }
+        });
+      for (auto& th : pool) th.join();
+    }
+    INFO((problems.empty() ? std::string() : problems.front()));
+    CHECK(problems.size() == 0);  // before: EADDRINUSE from rdma_bind_addr
+    CHECK(listened == 2 * 10000 + 16 * 1000);
+    // Every listener was stopped, exactly once, and the registry kept no entry.
+    const auto log = fake.calls();
+    CHECK(count_calls(log, "rdma_listen") == count_calls(log, "rdma_destroy_id"));
+    CHECK(fake.alive("cm_id") == 0);
+    auto& registry = rpmapp::detail::listener_registry();
+    std::lock_guard lock(registry.mutex);
+    CHECK(registry.listeners.empty());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("issue 8.4: of two handles released at once, one stops the listener and reports "
+          "its teardown error",
+          "[listen_shared][issue8][threads]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    constexpr int rounds = 2000;
+    std::vector<int> errors(rounds, 0), wrong(rounds, 0);
+    for (int r = 0; r < rounds; ++r) {
+      auto a = Endpoint::listen_shared(peer, "169.254.77.1", "7471");
+      auto b = Endpoint::listen_shared(peer, "169.254.77.1", "7471");
+      REQUIRE(a);
+      REQUIRE(b);
+      fake.fail("rdma_destroy_id", kErr);  // the listening id's
+      std::latch start(2);
+      std::atomic<int> failed{0}, other{0};
+      auto release = [&](Endpoint& ep) {
+        start.arrive_and_wait();
+        auto done = std::move(ep).shutdown();
+        if (done) return;
+        if (done.error().call() == "rdma_destroy_id" && done.error().sys_errno() == kErr)
+          ++failed;
+        else
+          ++other;
+      };
+      std::thread one(release, std::ref(*a)), two(release, std::ref(*b));
+      one.join();
+      two.join();
+      errors[static_cast<std::size_t>(r)] = failed;  // before: sometimes 0 (lost)
+      wrong[static_cast<std::size_t>(r)] = other;
+    }
+    CHECK(std::count(errors.begin(), errors.end(), 1) == rounds);
+    CHECK(std::count(wrong.begin(), wrong.end(), 0) == rounds);
+    CHECK(fake.alive("cm_id") == 0);
+  }
+  fake.expect_clean();
 }
