@@ -121,9 +121,9 @@ TEST_CASE("threads: listen_shared and shutdown from 8 threads on one port",
 
 // THREAD_SAFETY.md: Peer "may be used from several threads at once", "creating and
 // destroying Peers is thread-safe", "a Peer may be destroyed while endpoints and
-// connections made from it are in use in other threads"; ConnReq "ConnReq::to ... may be
-// called concurrently"; Conn "one thread per connection needs no locking"; Endpoint
-// "listen ... may be called concurrently".
+// connections made from it are in use in other threads"; ConnReq "ConnReq::to and
+// ConnReq::start may be called concurrently"; Conn "one thread per connection needs no
+// locking"; Endpoint "listen ... may be called concurrently".
 TEST_CASE("threads: N threads each with their own connection, server and client",
           "[threads][conn]") {
   const std::string ip = ip1();
@@ -149,8 +149,14 @@ TEST_CASE("threads: N threads each with their own connection, server and client"
         auto port = ep->port();
         if (problems.failed(port, who + ": port")) return;
         const std::string tag = "client " + std::to_string(t);
-        auto out = ConnReq::to(*client_peer, ip, std::to_string(*port));
-        if (problems.failed(out, who + ": ConnReq::to")) return;
+        // Even threads ConnReq::to, odd ones ConnReq::start: both concurrently.
+        auto out = [&]() -> rpmapp::expected<ConnReq> {
+          if (t % 2 == 0) return ConnReq::to(*client_peer, ip, std::to_string(*port));
+          auto pending = ConnReq::start(*client_peer, ip, std::to_string(*port));
+          if (!pending) return rpmapp::unexpected(pending.error());
+          return std::move(*pending).wait();
+        }();
+        if (problems.failed(out, who + ": ConnReq::to/start")) return;
         auto client = std::move(*out).connect(rpmapp::as_bytes(tag));
         if (problems.failed(client, who + ": ConnReq::connect")) return;
         { Peer gone = std::move(*client_peer); }  // destroyed; its connection lives on
@@ -191,7 +197,8 @@ TEST_CASE("threads: N threads each with their own connection, server and client"
 // THREAD_SAFETY.md, Endpoint: "Handles that share one listener (listen_shared) ... may be
 // used from different threads at once, each request going to exactly one caller";
 // "Requests taken from an Endpoint do not depend on it and may be handed to other
-// threads"; ConnReq "A request (and the Conn made from it) may be moved to another thread".
+// threads"; ConnReq "A request (and the Conn made from it) may be moved to another thread";
+// Endpoint: taken with O_NONBLOCK set, as several threads wait on the one fd.
 TEST_CASE("threads: handles of one shared listener take requests in several threads",
           "[threads][shared]") {
   const std::string ip = ip1();
@@ -247,5 +254,10 @@ TEST_CASE("threads: handles of one shared listener take requests in several thre
   // Clients first: the active side sends its RTU when it reads the CONNECT_RESPONSE
   // (librdmacm), so a server's established waits for its own client's event.
   for (auto& client : clients) CHECK(wait_event(client, "client") == ConnEvent::established);
-  for (auto& server : servers) CHECK(wait_event(server, "server") == ConnEvent::established);
+  // The Conns made from the handed-over requests move on to another thread.
+  std::vector<std::string> server_events;
+  std::thread([&server_events, moved = std::move(servers)]() mutable {
+    for (auto& server : moved) server_events.push_back(expect_event(server, ConnEvent::established));
+  }).join();
+  CHECK(server_events == std::vector<std::string>(static_cast<std::size_t>(requests)));
 }
