@@ -1,7 +1,8 @@
 // Threads on a real RDMA stack (Soft-RoCE in tools/rpmapp-vm), for docs/THREAD_SAFETY.md:
 // listen_shared and shutdown from 8 threads on one port; N threads each with their own
 // connection (server and client in this process); handles of one shared listener taking
-// requests in several threads. Runs in the ASan builds' integration suite and, built with
+// requests in several threads; and issue 8.7's shared-listener keys and joining Peers on
+// the real stack. Runs in the ASan builds' integration suite and, built with
 // ThreadSanitizer, in tools/check's TSan run. Catch2 v2 assertions are not thread-safe:
 // the threads record what they saw, the main thread asserts.
 // Needs $SOFTROCE_IP; fails, never skips, without it. Every wait is bounded.
@@ -260,4 +261,46 @@ TEST_CASE("threads: handles of one shared listener take requests in several thre
     for (auto& server : moved) server_events.push_back(expect_event(server, ConnEvent::established));
   }).join();
   CHECK(server_events == std::vector<std::string>(static_cast<std::size_t>(requests)));
+}
+
+// Issue 8.7 on the real stack: a Peer on the second device joins a wildcard listener
+// (before: its device's requests were rejected, "no peer"); "::0" and "::" share one
+// listener (before: EADDRINUSE); ("0.0.0.0", P) then ("::", P) is inval, not the IPv4-only
+// listener. Needs $SOFTROCE_IP2 (the VM's second device).
+TEST_CASE("issue 8.7: shared listener keys and joining Peers on two devices",
+          "[threads][shared][issue8]") {
+  const std::string ip0 = ip1();
+  const std::string ip_other = env_or_fail("SOFTROCE_IP2", "tools/rpmapp-vm sets it (rxe1)");
+  Peer peer0 = local_peer(ip0);
+  Peer peer1 = local_peer(ip_other);
+  const std::string dev1 = MUST(peer1.device_name());
+  const std::string port = "47343";
+  Endpoint a = MUST(Endpoint::listen_shared(peer0, "0.0.0.0", port));
+  Endpoint b = MUST(Endpoint::listen_shared(peer1, "", port));  // joins with rxe1
+  CHECK(MUST(a.share_count()) == 2);
+  {
+    Conn client = start_client(peer1, ip_other, port, "to rxe1");
+    ConnReq req = take_request(a);
+    CHECK(MUST(req.device()) == dev1);
+    Conn server = MUST(std::move(req).connect());
+    establish(client, server);
+    disconnect_both(client, server);
+  }
+  {
+    Conn client = start_client(peer0, ip0, port, "to rxe0");
+    Conn server = MUST(take_request(b).connect());
+    establish(client, server);
+    disconnect_both(client, server);
+  }
+  auto v6 = MUST_FAIL(Endpoint::listen_shared(peer0, "::", port));
+  INFO(v6.message());
+  CHECK(v6.code() == errc::inval);
+  CHECK(v6.message().find("IPv4-only wildcard") != std::string::npos);
+
+  const std::string port6 = "47344";
+  Endpoint c = MUST(Endpoint::listen_shared(peer0, "::0", port6));
+  Endpoint d = MUST(Endpoint::listen_shared(peer0, "::", port6));
+  CHECK(MUST(c.fd()) == MUST(d.fd()));
+  CHECK(MUST(d.share_count()) == 2);
+  CHECK(MUST(d.local_address()) == "::");
 }
