@@ -276,7 +276,7 @@ TEST_CASE("issue 8.7: shared listener keys and joining Peers on two devices",
   const std::string dev1 = MUST(peer1.device_name());
   const std::string port = "47343";
   Endpoint a = MUST(Endpoint::listen_shared(peer0, "0.0.0.0", port));
-  Endpoint b = MUST(Endpoint::listen_shared(peer1, "", port));  // joins with rxe1
+  Endpoint b = MUST(Endpoint::listen_shared(peer1, "0.0.0.0", port));  // joins with rxe1
   CHECK(MUST(a.share_count()) == 2);
   {
     Conn client = start_client(peer1, ip_other, port, "to rxe1");
@@ -300,7 +300,9 @@ TEST_CASE("issue 8.7: shared listener keys and joining Peers on two devices",
   const std::string port6 = "47344";
   Endpoint c = MUST(Endpoint::listen_shared(peer0, "::0", port6));
   Endpoint d = MUST(Endpoint::listen_shared(peer0, "::", port6));
+  Endpoint e = MUST(Endpoint::listen_shared(peer0, "", port6));  // "" binds "::"
   CHECK(MUST(c.fd()) == MUST(d.fd()));
-  CHECK(MUST(d.share_count()) == 2);
+  CHECK(MUST(e.fd()) == MUST(d.fd()));
+  CHECK(MUST(d.share_count()) == 3);
   CHECK(MUST(d.local_address()) == "::");
 }

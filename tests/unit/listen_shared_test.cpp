@@ -72,11 +72,14 @@ TEST_CASE("listen_shared: wildcard and port 0", "[listen_shared]") {
     REQUIRE(b);
     CHECK(*a->port() != *b->port());
     const std::string port = std::to_string(*a->port());
-    auto c = Endpoint::listen_shared(peer, "0.0.0.0", port);  // shares a's port
+    auto c = Endpoint::listen_shared(peer, "::", port);  // "" binds "::": shares a's port
     REQUIRE(c);
     CHECK(*c->fd() == *a->fd());
     CHECK(*a->share_count() == 2);
     CHECK(*c->device() == "");
+    auto v4 = Endpoint::listen_shared(peer, "0.0.0.0", port);  // another key, refused
+    REQUIRE_FALSE(v4);
+    check_inval(v4.error(), "Endpoint::listen_shared", "held by an IPv6 wildcard");
   }
   fake.expect_clean();
 }
@@ -231,7 +234,7 @@ TEST_CASE("issue 8.7: a Peer on a device the wildcard listener does not serve jo
     Peer peer1 = open_peer(fake, 1);
     auto a = Endpoint::listen_shared(peer0, "", "7471");
     REQUIRE(a);
-    auto b = Endpoint::listen_shared(peer1, "0.0.0.0", "7471");
+    auto b = Endpoint::listen_shared(peer1, "::", "7471");  // "" is "::"
     REQUIRE(b);
     CHECK(*b->fd() == *a->fd());
     CHECK(*a->share_count() == 2);
