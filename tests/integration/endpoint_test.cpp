@@ -339,8 +339,8 @@ TEST_CASE("issue 8.2: two threads on two listen_shared handles, both woken by on
     tb.join();
     // Catch2 v2 assertions are not thread-safe: check here, in the main thread.
     CHECK_FALSE(stuck);
-    REQUIRE(results[0].req);
-    REQUIRE(results[1].req);
+    REQUIRE(results[0].req.has_value());
+    REQUIRE(results[1].req.has_value());
     CHECK(results[0].woken);
     CHECK(results[1].woken);
     const int winners = int(results[0].req->has_value()) + int(results[1].req->has_value());

@@ -170,8 +170,8 @@ TEST_CASE("issue 8.2: two threads on two listen_shared handles, one request: one
         tb.join();
       }
       // Catch2 v2 assertions are not thread-safe: check here, in the main thread.
-      REQUIRE(ra.req);
-      REQUIRE(rb.req);
+      REQUIRE(ra.req.has_value());
+      REQUIRE(rb.req.has_value());
       const bool a_won = ra.req->has_value();
       const bool b_won = rb.req->has_value();
       CHECK(a_won != b_won);
