@@ -108,6 +108,13 @@ inline expected<void> check_numeric_address(const char* call, std::string_view a
   return {};
 }
 
+/// A scope id as text: the interface's name, or the number when no interface has it.
+inline std::string scope_text(unsigned index) {
+  char name[IF_NAMESIZE];
+  if (if_indextoname(index, name) != nullptr) return name;
+  return std::to_string(index);
+}
+
 /// The canonical text of a numeric address ("::0" -> "::", "FE80::0001%3" ->
 /// "fe80::1%eth0": the scope as the interface's name when it has one); "" when it is not
 /// numeric. Equals address_of() of the address rdma_getaddrinfo makes of `addr`.
@@ -125,10 +132,9 @@ inline std::string canonical_address(std::string_view addr) {
   std::string text(out);
   if (parts.has_scope) {
     if (parts.scope.empty()) return {};
-    char name[IF_NAMESIZE];
     const unsigned index = scope_index(parts.scope);
     text += '%';
-    if (index != 0 && if_indextoname(index, name) != nullptr) text += name;
+    if (index != 0) text += scope_text(index);
     else text += parts.scope;
   }
   return text;
@@ -224,12 +230,7 @@ inline std::string address_of(const sockaddr* sa) {
   const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(sa);
   inet_ntop(AF_INET6, &sin6->sin6_addr, text, sizeof text);
   std::string out(text);
-  if (sin6->sin6_scope_id != 0) {
-    char name[IF_NAMESIZE];
-    out += '%';
-    if (if_indextoname(sin6->sin6_scope_id, name) != nullptr) out += name;
-    else out += std::to_string(sin6->sin6_scope_id);
-  }
+  if (sin6->sin6_scope_id != 0) out += '%' + scope_text(sin6->sin6_scope_id);
   return out;
 }
 

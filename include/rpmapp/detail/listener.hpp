@@ -69,11 +69,6 @@ inline ListenerKey listener_key(const sockaddr* bound) {
   return {bound->sa_family, address_of(bound), port_of(bound)};
 }
 
-inline bool is_any_address(const ListenerKey& key) {
-  return (key.family == AF_INET && key.address == "0.0.0.0") ||
-         (key.family == AF_INET6 && key.address == "::");
-}
-
 /// Member order is teardown order, reversed: the listening id before its channel.
 struct ListenerState {
   const Provider* seam = current_provider;  // the provider that makes and releases it
@@ -246,17 +241,16 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
     }
     // An IPv6 wildcard takes IPv4 requests too (unless net.ipv6.bindv6only), so the kernel
     // refuses it next to an IPv4 wildcard on the port, and the reverse, with EADDRNOTAVAIL.
-    if (is_any_address(key)) {
-      ListenerKey other{key.family == AF_INET ? AF_INET6 : AF_INET,
-                        key.family == AF_INET ? "::" : "0.0.0.0", key.port};
-      if (registry.listeners.count(other) != 0 && key.family == AF_INET6)
+    const bool v6 = key.family == AF_INET6;
+    if (is_wildcard(key.address) &&
+        registry.listeners.count({v6 ? AF_INET : AF_INET6, v6 ? "0.0.0.0" : "::", key.port}) != 0) {
+      if (v6)
         return fail(invalid(call, "port {} is held by an IPv4-only wildcard listener (0.0.0.0) of "
                                   "this process; an IPv6 wildcard would take IPv4 requests too",
                             key.port));
-      if (registry.listeners.count(other) != 0)
-        return fail(invalid(call, "port {} is held by an IPv6 wildcard listener (::) of this "
-                                  "process, which takes IPv4 requests too; share it with \"::\"",
-                            key.port));
+      return fail(invalid(call, "port {} is held by an IPv6 wildcard listener (::) of this "
+                                "process, which takes IPv4 requests too; share it with \"::\"",
+                          key.port));
     }
   }
   auto state = start_listening(call, std::span<const Peer>(&peer, 1), addr, port, options);
