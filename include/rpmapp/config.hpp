@@ -8,6 +8,8 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
+class Srq;
+
 /// Queue pair, completion queue and connection parameters of one connection
 /// (librpma's rpma_conn_cfg, plus the retry counts librpma hard-codes).
 /// A value type; validated when used (ConnReq::to, Endpoint::next_conn_req).
@@ -34,6 +36,25 @@ struct ConnConfig {
   /// reply): it is how long the peer keeps retrying while this side has no receive
   /// posted. Default 7, as librpma: a receiver that is alive is waited for.
   std::uint8_t rnr_retry_count = 7;
+  /// Largest message sent inline (copied into the work request: no lkey needed, lower
+  /// latency); the queue pair is created for it. librpma hard-codes 8 (its emulated
+  /// atomic write is an 8-byte inline write: keep at least 8).
+  std::uint32_t max_inline_data = 8;
+  /// Scatter/gather entries per send and per receive work request (rpmapp's operations use
+  /// one; more is for raw verbs on Conn::qp()). librpma hard-codes 1. >= 1.
+  std::uint32_t max_sge = 1;
+  /// The completion vector the CQs are created on (interrupt steering), below the device's
+  /// num_comp_vectors. librpma uses 0.
+  int completion_vector = 0;
+  /// One completion channel for the CQ and the receive CQ (librpma's
+  /// rpma_conn_cfg_set_compl_channel): wait on the connection (Conn::wait_completion,
+  /// Conn::completion_fd); Cq::wait on either queue is then errc::shared_channel.
+  bool shared_completion_channel = false;
+  /// A shared receive queue for the connection's receives (librpma's
+  /// rpma_conn_cfg_set_srq); not owned: the connection keeps the queue alive itself, so the
+  /// Srq may go before it. Receives are then posted with Srq::recv (Conn::recv is inval), and
+  /// land in the Srq's receive CQ when it has one (else in this connection's).
+  const Srq* srq = nullptr;
 };
 
 /// Options of a listening endpoint.

@@ -4,7 +4,11 @@
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/address.hpp>
 #include <rpmapp/detail/connection.hpp>
+#include <rpmapp/detail/operations.hpp>
+#include <rpmapp/cq.hpp>
 #include <rpmapp/error.hpp>
+#include <rpmapp/mr.hpp>
+#include <rpmapp/peer_config.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -114,16 +118,152 @@ class Conn {
     if (!core_) return detail::fail(detail::moved_from("Conn::qp"));
     return core_->id->qp;
   }
-  /// The completion queue (and the receive one, null unless ConnConfig::rcq_size > 0).
+  /// The main completion queue: send completions, and receive ones unless the connection
+  /// has a receive CQ (librpma's rpma_conn_get_cq). Valid while the Conn lives.
   /// Errors: inval when empty.
-  expected<ibv_cq*> cq() const noexcept {
+  expected<Cq> cq() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::cq"));
-    return core_->cq.get();
+    return Cq(core_->cq.get(), core_->comp_channel.get(), core_->config.shared_completion_channel);
   }
-  expected<ibv_cq*> rcq() const noexcept {
+  /// The receive completion queue: the connection's own (ConnConfig::rcq_size > 0), or its
+  /// shared receive queue's; an empty Cq when receive completions go to cq()
+  /// (librpma's rpma_conn_get_rcq giving NULL). Errors: inval when empty.
+  expected<Cq> rcq() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::rcq"));
-    return core_->rcq.get();
+    const bool shared = core_->config.shared_completion_channel && core_->rcq;
+    return Cq(core_->receive_cq(), core_->receive_channel(), shared);
   }
+  /// The shared completion channel's fd (ConnConfig::shared_completion_channel), for
+  /// poll/epoll; readable when either queue has a completion event (librpma's
+  /// rpma_conn_get_compl_fd). Errors: inval when empty; not_shared_chnl when the queues
+  /// have their own channels.
+  expected<int> completion_fd() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("Conn::completion_fd"));
+    if (!core_->config.shared_completion_channel)
+      return detail::fail(not_shared("Conn::completion_fd"));
+    return core_->comp_channel->fd;
+  }
+  /// Waits for a completion event on the shared completion channel, acknowledges it,
+  /// re-arms the queue it was for and returns that queue (cq() or rcq()); read its
+  /// completions with Cq::get (librpma's rpma_conn_wait). A signal does not end the wait.
+  /// Errors: inval when empty; not_shared_chnl when the queues have their own channels
+  /// (use Cq::wait); no_completion (only try_/_for: no event in time); provider: poll,
+  /// ibv_get_cq_event or ibv_req_notify_cq failed; unknown: an event for a queue that is
+  /// not this connection's.
+  expected<Cq> wait_completion() noexcept {
+    return wait_shared("Conn::wait_completion", detail::Wait::forever());
+  }
+  expected<Cq> try_wait_completion() noexcept {
+    return wait_shared("Conn::try_wait_completion", detail::Wait::none());
+  }
+  expected<Cq> wait_completion_for(std::chrono::milliseconds timeout) noexcept {
+    return wait_shared("Conn::wait_completion_for", detail::Wait::bounded(timeout));
+  }
+
+  /// Applies the peer's configuration (librpma's rpma_conn_apply_remote_peer_cfg): with
+  /// direct_write_to_pmem, flush(FlushType::persistent) becomes possible.
+  /// Errors: inval when empty.
+  expected<void> apply_remote_peer_config(const PeerConfig& config) noexcept {
+    if (!core_) return detail::fail(detail::moved_from("Conn::apply_remote_peer_config"));
+    core_->direct_write_to_pmem = config.direct_write_to_pmem;
+    return {};
+  }
+
+  // ---- the data path (librpma's rpma_read, rpma_write, ...). Each operation checks its
+  // arguments before posting anything: the local range within `MrLocal` (registered on this
+  // connection's Peer, for the usage the operation needs), the remote range within the
+  // peer's region and the usage the peer registered it for. A failure there is inval (or
+  // nosupp, where librpma says so) and nothing is posted. `when` chooses whether a
+  // successful operation produces a completion; `context` comes back as the completion's
+  // wr_id. The memory must stay registered until the operation completes.
+  // Errors common to all: inval when the Conn is empty or an argument is bad (the reason
+  // says which); provider: ibv_post_send / ibv_post_recv failed (ENOMEM: the queue is
+  // full: more work requests in flight than its size).
+  // Thread safety: one thread at a time per Conn.
+
+  /// RDMA READ of `len` bytes from the peer's `src` at `src_offset` into `dst` at
+  /// `dst_offset` (dst registered for read_dst; src for read_src).
+  expected<void> read(const MrLocal& dst, std::size_t dst_offset, const MrRemote& src,
+                      std::size_t src_offset, std::size_t len, Completion when = Completion::always,
+                      std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::read"));
+    return detail::read("Conn::read", *core_, dst, dst_offset, src, src_offset, len, when, context);
+  }
+  /// RDMA WRITE of `len` bytes from `src` at `src_offset` (write_src) to the peer's `dst`
+  /// at `dst_offset` (write_dst).
+  expected<void> write(const MrRemote& dst, std::size_t dst_offset, const MrLocal& src,
+                       std::size_t src_offset, std::size_t len, Completion when = Completion::always,
+                       std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::write"));
+    return detail::write("Conn::write", *core_, dst, dst_offset, src, src_offset, len, when,
+                         context, IBV_WR_RDMA_WRITE, 0);
+  }
+  /// As write(), and the peer's receive completes with `imm` (read it with
+  /// immediate(wc); it travels in network order, as librpma sends it). It consumes a
+  /// receive posted on the peer.
+  expected<void> write_with_imm(const MrRemote& dst, std::size_t dst_offset, const MrLocal& src,
+                                std::size_t src_offset, std::size_t len, std::uint32_t imm,
+                                Completion when = Completion::always,
+                                std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::write_with_imm"));
+    return detail::write("Conn::write_with_imm", *core_, dst, dst_offset, src, src_offset, len,
+                         when, context, IBV_WR_RDMA_WRITE_WITH_IMM, imm);
+  }
+  /// Writes 8 bytes atomically to the peer's `dst` at `dst_offset` (8-byte aligned;
+  /// write_dst): natively where the device has IBV_WR_ATOMIC_WRITE (Peer::native_atomic_
+  /// write), else as librpma 1.2 emulates it, an 8-byte inline RDMA WRITE fenced after the
+  /// reads in flight. `value` is copied when posted.
+  /// Errors: also nosupp: emulation on a queue pair with less than 8 bytes of inline data;
+  /// provider: ibv_wr_complete (native) failed.
+  expected<void> atomic_write(const MrRemote& dst, std::size_t dst_offset,
+                              std::span<const std::byte, 8> value,
+                              Completion when = Completion::always, std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::atomic_write"));
+    return detail::atomic_write("Conn::atomic_write", *core_, dst, dst_offset, value, when, context);
+  }
+  /// Makes the writes to [dst_offset, dst_offset + len) of the peer's `dst` visible or
+  /// persistent when it completes (librpma's rpma_flush). Emulated as librpma 1.2 does (and
+  /// as 1.3 does without a native flush, which rdma-core 44 has no API for): an RDMA READ
+  /// of up to 8 bytes at `dst_offset` into the Peer's flush buffer.
+  /// Errors: also nosupp (as librpma): persistent without the peer's direct_write_to_pmem
+  /// (apply_remote_peer_config), or a region the peer did not register for that flush type.
+  expected<void> flush(const MrRemote& dst, std::size_t dst_offset, std::size_t len, FlushType type,
+                       Completion when = Completion::always, std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::flush"));
+    return detail::flush("Conn::flush", *core_, dst, dst_offset, len, type, when, context);
+  }
+  /// Sends `len` bytes of `src` at `offset` (registered for send); the peer needs a
+  /// receive posted. A length of 0 sends an empty message.
+  expected<void> send(const MrLocal& src, std::size_t offset, std::size_t len,
+                      Completion when = Completion::always, std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::send"));
+    return detail::send("Conn::send", *core_, src, offset, len, when, context, IBV_WR_SEND, 0);
+  }
+  /// As send(), with immediate data `imm` (see write_with_imm).
+  expected<void> send_with_imm(const MrLocal& src, std::size_t offset, std::size_t len,
+                               std::uint32_t imm, Completion when = Completion::always,
+                               std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::send_with_imm"));
+    return detail::send("Conn::send_with_imm", *core_, src, offset, len, when, context,
+                        IBV_WR_SEND_WITH_IMM, imm);
+  }
+  /// Posts a receive of up to `len` bytes into `dst` at `offset` (registered for recv). Its
+  /// completion (always produced) lands in rcq() if the connection has one, else in cq().
+  /// Errors: also inval on a connection with a shared receive queue (use Srq::recv).
+  expected<void> recv(const MrLocal& dst, std::size_t offset, std::size_t len,
+                      std::uint64_t context = 0) noexcept {
+    if (!core_) [[unlikely]]
+      return detail::fail(detail::moved_from("Conn::recv"));
+    return detail::recv("Conn::recv", *core_, dst, offset, len, context);
+  }
+
   /// The other side's numeric address; a link-local IPv6 one with its scope
   /// ("fe80::1%eth0"), so it can be passed to ConnReq::to. Errors: inval when empty; nomem.
   expected<std::string> peer_address() const noexcept {
@@ -169,6 +309,22 @@ class Conn {
  private:
   friend class ConnReq;
   explicit Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept : core_(std::move(core)) {}
+
+  static Error not_shared(const char* call) noexcept {
+    return Error(errc::not_shared_chnl, 0, call,
+                 "the queues have their own completion channels (ConnConfig::shared_completion_channel is off)");
+  }
+
+  expected<Cq> wait_shared(const char* call, detail::Wait wait) noexcept {
+    if (!core_) return detail::fail(detail::moved_from(call));
+    if (!core_->config.shared_completion_channel) return detail::fail(not_shared(call));
+    auto fired = detail::next_cq_event(core_->comp_channel.get(), detail::Deadline(wait));
+    if (!fired) return detail::fail(fired.error());
+    if (*fired != core_->cq.get() && *fired != core_->rcq.get())
+      return detail::fail(Error(errc::unknown, 0, "ibv_get_cq_event", "an event for a queue not of this connection"));
+    if (auto armed = detail::rearm(*fired); !armed) return detail::fail(armed.error());
+    return Cq(*fired, core_->comp_channel.get(), true);
+  }
 
   expected<ConnEvent> next(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));

@@ -125,6 +125,16 @@ class ConnReq {
     return detail::close_core(*core);
   }
 
+  /// Posts a receive before the connection exists (librpma's rpma_conn_req_recv), so that
+  /// the peer's first message finds it: as Conn::recv.
+  /// Errors: inval (empty request, bad region or range, a shared receive queue); provider:
+  /// ibv_post_recv failed.
+  expected<void> recv(const MrLocal& dst, std::size_t offset, std::size_t len,
+                      std::uint64_t context = 0) noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::recv"));
+    return detail::recv("ConnReq::recv", *core_, dst, offset, len, context);
+  }
+
   /// True for a request that came from an Endpoint. Errors: inval when empty.
   expected<bool> is_incoming() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::is_incoming"));
@@ -313,6 +323,8 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
     auto core = std::make_unique<detail::ConnectionCore>();
     core->peer = peer.state();
     core->config = config;
+    core->config.srq = nullptr;  // the queue is held by core->srq from here on
+    if (auto ok = detail::attach_srq(call, *core, config); !ok) return detail::fail(ok.error());
     auto info = detail::get_addr_info(std::string(addr), std::string(port), false);
     if (!info) return detail::fail(info.error());
     errno = 0;

@@ -7,11 +7,15 @@
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/error.hpp>
+#include <rpmapp/mr_usage.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
+
+#include <unistd.h>
 
 RPMAPP_BEGIN_NAMESPACE
 
@@ -19,10 +23,47 @@ namespace detail {
 /// Shared by a Peer and everything made from it, so that the protection domain outlives
 /// every queue pair created on it. The device context is librdmacm's (never closed).
 struct PeerState {
+  /// Bytes an emulated flush reads (librpma's read-after-write: an 8-byte RDMA READ).
+  static constexpr std::size_t flush_read_size = 8;
+  struct FreeDeleter {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+
   const Provider* seam = current_provider;  // the provider that makes and releases it
   ibv_context* context = nullptr;
+  bool iwarp = false;                // READ destinations need REMOTE_WRITE too
+  bool odp = false;                  // on-demand paging for RC reads and writes
+  bool native_atomic_write = false;  // IBV_WR_ATOMIC_WRITE
   ProtectionDomain pd;
+  // Where emulated flushes read to: one page, registered once per Peer, shared by its
+  // connections (what lands there is never looked at).
+  std::unique_ptr<std::byte, FreeDeleter> flush_buffer;
+  MemoryRegion flush_mr;
 };
+
+/// IB_UVERBS_DEVICE_ATOMIC_WRITE in device_cap_flags_ex (rdma-core 44 has no name for it
+/// in <infiniband/verbs.h>).
+inline constexpr std::uint64_t device_atomic_write_flag = 1ull << 40;
+
+/// Registers `size` bytes at `addr` for `usage` on `peer`, retrying with on-demand paging
+/// when the device refuses the memory with EOPNOTSUPP and supports ODP (librpma's rule:
+/// FSDAX memory). Errors: provider / nomem (ibv_reg_mr, errno in the Error).
+inline expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
+                                              std::size_t size, MrUsage usage) noexcept {
+  const Provider& p = provider();
+  const int access = access_for(usage, peer.iwarp);
+  errno = 0;
+  ibv_mr* mr = p.reg_mr(peer.pd.get(), addr, size, access);
+  if (mr == nullptr && errno == EOPNOTSUPP && peer.odp) {
+    errno = 0;
+    mr = p.reg_mr(peer.pd.get(), addr, size, access | IBV_ACCESS_ON_DEMAND);
+    if (mr == nullptr)
+      return fail(provider_error("ibv_reg_mr", errno, "retried with IBV_ACCESS_ON_DEMAND"));
+  }
+  if (mr == nullptr) return fail(provider_error("ibv_reg_mr", errno));
+  return MemoryRegion(mr);
+}
+
 }  // namespace detail
 
 /// Which side of an address Peer::from_address looks for.
@@ -43,11 +84,15 @@ class Peer {
   /// process), or what Peer::from_address finds. librdmacm creates queue pairs on its own
   /// context of the device, so a context the caller opened with ibv_open_device, even of
   /// the same device, could never carry a connection.
+  /// Probes the device as librpma does (on-demand paging, native atomic write) and
+  /// registers one page that emulated flushes read into.
   /// Errors:
   /// - inval: `context` is null; it is not one of librdmacm's contexts (the reason names
   ///   the device and how to get a usable context).
-  /// - nomem: ibv_alloc_pd or rdma_get_devices failed with ENOMEM, or out of memory.
-  /// - provider: rdma_get_devices or ibv_alloc_pd failed (errno in the Error).
+  /// - nomem: ibv_alloc_pd, ibv_reg_mr or rdma_get_devices failed with ENOMEM, or out of
+  ///   memory.
+  /// - provider: rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd or ibv_reg_mr failed
+  ///   (errno in the Error).
   static expected<Peer> open(ibv_context* context) noexcept {
     constexpr const char* call = "Peer::open";
     if (context == nullptr) return detail::fail(detail::invalid(call, "device context is null"));
@@ -55,14 +100,36 @@ class Peer {
       return detail::fail(owned.error());
     return detail::no_throw(call, [&]() -> expected<Peer> {
       auto state = std::make_shared<detail::PeerState>();
+      const detail::Provider& p = detail::provider();
+      // librpma's capability probes: on-demand paging (RC read and write) and native
+      // atomic write.
+      ibv_device_attr_ex attr{};
+      if (int rc = p.query_device_ex(context, nullptr, &attr); rc != 0)
+        return detail::fail(detail::provider_error("ibv_query_device_ex", rc));
+      const std::uint32_t rc_odp = attr.odp_caps.per_transport_caps.rc_odp_caps;
+      state->odp = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0 &&
+                   (rc_odp & IBV_ODP_SUPPORT_READ) != 0 && (rc_odp & IBV_ODP_SUPPORT_WRITE) != 0;
+      state->native_atomic_write = (attr.device_cap_flags_ex & detail::device_atomic_write_flag) != 0;
+      state->iwarp = context->device != nullptr &&
+                     context->device->transport_type == IBV_TRANSPORT_IWARP;
       errno = 0;
-      state->pd.reset(detail::provider().alloc_pd(context));
+      state->pd.reset(p.alloc_pd(context));
       if (!state->pd) {
         int e = errno;
         if (e == 0) return detail::fail(Error(errc::unknown, 0, "ibv_alloc_pd", "no errno set"));
         return detail::fail(detail::provider_error("ibv_alloc_pd", e));
       }
       state->context = context;
+      const long page = sysconf(_SC_PAGESIZE);
+      const std::size_t page_size = page > 0 ? static_cast<std::size_t>(page) : 4096;
+      state->flush_buffer.reset(static_cast<std::byte*>(std::aligned_alloc(page_size, page_size)));
+      if (!state->flush_buffer)
+        return detail::fail(Error(errc::nomem, ENOMEM, call, "no page for the flush buffer"));
+      auto flush_mr = detail::register_memory(*state, state->flush_buffer.get(),
+                                              detail::PeerState::flush_read_size,
+                                              MrUsage::read_dst);
+      if (!flush_mr) return detail::fail(flush_mr.error());
+      state->flush_mr = std::move(*flush_mr);
       return Peer(std::move(state));
     });
   }
@@ -121,6 +188,19 @@ class Peer {
     if (!state_) return detail::fail(detail::moved_from("Peer::pd"));
     return state_->pd.get();
   }
+  /// Whether the device supports on-demand paging for RC reads and writes (librpma's
+  /// rpma_utils_ibv_context_is_odp_capable): a registration refused with EOPNOTSUPP is
+  /// then retried with IBV_ACCESS_ON_DEMAND. Errors: inval when empty.
+  expected<bool> odp_capable() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Peer::odp_capable"));
+    return state_->odp;
+  }
+  /// Whether the device has native 8-byte atomic writes (IBV_WR_ATOMIC_WRITE); without
+  /// them Conn::atomic_write is emulated as librpma 1.2 does. Errors: inval when empty.
+  expected<bool> native_atomic_write() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Peer::native_atomic_write"));
+    return state_->native_atomic_write;
+  }
   /// The device's name, e.g. "rxe0". Errors: inval when empty.
   expected<std::string> device_name() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Peer::device_name"));
@@ -132,14 +212,19 @@ class Peer {
   /// Releases this handle. When nothing else uses the protection domain it is deallocated
   /// now and a failure is reported; otherwise it goes when its last user goes.
   /// The Peer is empty afterwards, whatever the result.
-  /// Errors: inval when empty; provider: ibv_dealloc_pd failed.
+  /// Errors: inval when empty; provider: ibv_dereg_mr (the flush buffer's) or
+  /// ibv_dealloc_pd failed (the first failure; the rest is still released).
   expected<void> close() && noexcept {
     if (!state_) return detail::fail(detail::moved_from("Peer::close"));
     auto state = std::move(state_);
     if (state.use_count() == 1) {
       // libibverbs' destroy calls return the errno value instead of setting errno
-      if (int rc = state->seam->dealloc_pd(state->pd.release()); rc != 0)
-        return detail::fail(detail::provider_error("ibv_dealloc_pd", rc));
+      const detail::Provider& p = *state->seam;
+      int dereg = state->flush_mr ? p.dereg_mr(state->flush_mr.release()) : 0;
+      state->flush_buffer.reset();
+      int dealloc = p.dealloc_pd(state->pd.release());
+      if (dereg != 0) return detail::fail(detail::provider_error("ibv_dereg_mr", dereg));
+      if (dealloc != 0) return detail::fail(detail::provider_error("ibv_dealloc_pd", dealloc));
     }
     return {};
   }

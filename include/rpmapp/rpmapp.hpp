@@ -4,9 +4,15 @@
 #include <rpmapp/config.hpp>
 #include <rpmapp/conn.hpp>
 #include <rpmapp/conn_req.hpp>
+#include <rpmapp/cq.hpp>
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/expected.hpp>
+#include <rpmapp/mr.hpp>
+#include <rpmapp/mr_usage.hpp>
+#include <rpmapp/op_flags.hpp>
 #include <rpmapp/peer.hpp>
+#include <rpmapp/peer_config.hpp>
 #include <rpmapp/private_data.hpp>
+#include <rpmapp/srq.hpp>
 #include <rpmapp/version.hpp>

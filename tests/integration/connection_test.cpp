@@ -237,8 +237,8 @@ TEST_CASE("queue pair numbers and a separate receive CQ (rcq_size > 0)", "[conn]
     ibv_qp* qp = MUST(conn->qp());
     REQUIRE(qp != nullptr);
     CHECK(MUST(conn->qp_num()) == qp->qp_num);
-    ibv_cq* cq = MUST(conn->cq());
-    ibv_cq* rcq = MUST(conn->rcq());
+    ibv_cq* cq = MUST(MUST(conn->cq()).native());
+    ibv_cq* rcq = MUST(MUST(conn->rcq()).native());
     CHECK(cq != nullptr);
     CHECK(rcq != nullptr);
     CHECK(qp->send_cq == cq);
@@ -257,8 +257,8 @@ TEST_CASE("queue pair numbers and a separate receive CQ (rcq_size > 0)", "[conn]
   // Without rcq_size the receive completions share the main CQ.
   Conn c2 = start_client(peer, ip, port_text(ep));
   Conn s2 = MUST(take_request(ep).connect());
-  CHECK(MUST(c2.rcq()) == nullptr);
-  CHECK(MUST(c2.qp())->recv_cq == MUST(c2.cq()));
+  CHECK_FALSE(MUST(c2.rcq()));
+  CHECK(MUST(c2.qp())->recv_cq == MUST(MUST(c2.cq()).native()));
   establish(c2, s2);
 }
 

@@ -265,8 +265,8 @@ TEST_CASE("Conn::close: each provider call fails in turn", "[conn][fail-each]") 
         ConnReq req = incoming ? take_request(fake, ep, {}, cfg) : outgoing(peer, "169.254.77.9", cfg);
         auto conn = std::move(req).connect();
         REQUIRE(conn);
-        CHECK((*conn->rcq() != nullptr) == (rcq != 0));
-        CHECK(*conn->cq() != nullptr);
+        CHECK(static_cast<bool>(*conn->rcq()) == (rcq != 0));
+        CHECK(static_cast<bool>(*conn->cq()));
         CHECK((*conn->qp())->qp_num == *conn->qp_num());
         probe.begin();
         auto done = std::move(*conn).close();

@@ -242,10 +242,12 @@ TEST_CASE("issue 8.m: distinct queue sizes reach the right queues", "[edges]") {
       CHECK(fake.last_qp_attr.cap.max_recv_wr == 6);
       auto conn = std::move(*req).connect();
       REQUIRE(conn);
-      CHECK((*conn->cq())->cqe == 3);
-      CHECK((*conn->rcq())->cqe == 4);
-      CHECK(fake.last_qp_attr.send_cq == *conn->cq());
-      CHECK(fake.last_qp_attr.recv_cq == *conn->rcq());
+      ibv_cq* cq = *conn->cq()->native();
+      ibv_cq* rcq = *conn->rcq()->native();
+      CHECK(cq->cqe == 3);
+      CHECK(rcq->cqe == 4);
+      CHECK(fake.last_qp_attr.send_cq == cq);
+      CHECK(fake.last_qp_attr.recv_cq == rcq);
     }
     fake.expect_clean();
   }

@@ -8,6 +8,7 @@
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/peer.hpp>
 #include <rpmapp/private_data.hpp>
+#include <rpmapp/srq.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -19,20 +20,37 @@ RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
 /// Member order is teardown order, reversed: the queue pair goes first, then the CQs and
-/// their channel, then the cm_id (rejected first if it is an unanswered request), then its
-/// event channel, and the protection domain (Peer) last.
+/// their channels, then the cm_id (rejected first if it is an unanswered request), then its
+/// event channel, the shared receive queue, and the protection domain (Peer) last.
 struct ConnectionCore {
   const Provider* seam = current_provider;  // the provider that makes and releases it
   std::shared_ptr<PeerState> peer;
+  std::shared_ptr<SrqState> srq;  // ConnConfig::srq's, or none
   EventChannel channel;
   CmId id;
-  CompChannel comp_channel;
+  CompChannel comp_channel;  // the CQ's, or the one both CQs share
+  CompChannel rcq_channel;   // the receive CQ's own (not shared)
   CompletionQueue cq;
   CompletionQueue rcq;
   QueuePairOf qp;
   std::vector<std::byte> private_data;
   std::string device;
   ConnConfig config;
+  std::uint32_t max_inline_data = 0;  // as the queue pair was created
+  bool direct_write_to_pmem = false;  // the peer's (Conn::apply_remote_peer_config)
+
+  /// The receive CQ, its channel: the connection's own, the shared receive queue's, or
+  /// none (receive completions go to the main CQ).
+  ibv_cq* receive_cq() const noexcept {
+    if (rcq) return rcq.get();
+    if (srq && srq->rcq) return srq->rcq.get();
+    return nullptr;
+  }
+  ibv_comp_channel* receive_channel() const noexcept {
+    if (rcq) return rcq_channel ? rcq_channel.get() : comp_channel.get();
+    if (srq && srq->rcq) return srq->channel.get();
+    return nullptr;
+  }
 };
 
 /// Remembers the first failure of a teardown sequence that goes on regardless.
@@ -66,6 +84,9 @@ inline expected<void> close_core(ConnectionCore& core) noexcept {
   if (core.qp) p.destroy_qp(core.qp.release());
   if (core.rcq) first.value_call(p.destroy_cq(core.rcq.release()), "ibv_destroy_cq");
   if (core.cq) first.value_call(p.destroy_cq(core.cq.release()), "ibv_destroy_cq");
+  if (core.rcq_channel)
+    first.value_call(p.destroy_comp_channel(core.rcq_channel.release()),
+                     "ibv_destroy_comp_channel");
   if (core.comp_channel)
     first.value_call(p.destroy_comp_channel(core.comp_channel.release()),
                      "ibv_destroy_comp_channel");
@@ -77,6 +98,7 @@ inline expected<void> close_core(ConnectionCore& core) noexcept {
     first.errno_call(p.destroy_id(core.id.release()), "rdma_destroy_id");
   }
   if (core.channel) p.destroy_event_channel(core.channel.release());
+  core.srq.reset();
   core.peer.reset();
   return first.result();
 }
@@ -90,6 +112,43 @@ inline expected<void> check_config(const char* call, const ConnConfig& cfg) noex
     return fail(invalid(call, "retry_count and rnr_retry_count must be in 0..7"));
   if (cfg.timeout.count() <= 0 || cfg.timeout.count() > 0x7fffffff)
     return fail(invalid(call, "timeout must be positive and fit in an int of ms"));
+  if (cfg.max_sge == 0) return fail(invalid(call, "max_sge must be at least 1"));
+  if (cfg.completion_vector < 0) return fail(invalid(call, "completion_vector must not be negative"));
+  if (cfg.srq != nullptr && !*cfg.srq)
+    return fail(invalid(call, "srq points at an empty Srq (moved from or closed)"));
+  return {};
+}
+
+/// Takes a share of ConnConfig::srq's queue for `core` (whose peer is known), so that the
+/// queue outlives the connection whatever happens to the Srq handle.
+/// Errors: inval: the Srq is empty, or on another Peer than the connection's.
+inline expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg) noexcept {
+  if (cfg.srq == nullptr) return {};
+  if (!*cfg.srq) return fail(invalid(call, "srq points at an empty Srq (moved from or closed)"));
+  if (cfg.srq->state()->peer->pd.get() != core.peer->pd.get())
+    return fail(invalid(call, "the shared receive queue belongs to another Peer than the connection's"));
+  core.srq = cfg.srq->state();
+  return {};
+}
+
+/// A completion channel for a CQ. Errors: provider (ibv_create_comp_channel).
+inline expected<void> make_comp_channel(CompChannel& out, ibv_context* verbs) noexcept {
+  errno = 0;
+  out.reset(provider().create_comp_channel(verbs));
+  if (!out) return fail(provider_error("ibv_create_comp_channel", errno));
+  return {};
+}
+
+/// A CQ on `channel`, armed for its first completion event.
+/// Errors: inval (completion vector out of range), provider (ibv_create_cq, ibv_req_notify_cq).
+inline expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uint32_t size,
+                              ibv_comp_channel* channel, int vector) noexcept {
+  const Provider& p = provider();
+  errno = 0;
+  out.reset(p.create_cq(verbs, static_cast<int>(size), nullptr, channel, vector));
+  if (!out) return fail(provider_error("ibv_create_cq", errno));
+  if (int rc = p.req_notify_cq(out.get(), 0); rc != 0)
+    return fail(provider_error("ibv_req_notify_cq", rc));
   return {};
 }
 
@@ -101,41 +160,63 @@ inline expected<void> check_private_data(const char* call, std::span<const std::
   return {};
 }
 
-/// Creates the completion channel, CQ(s) and queue pair of `core->id` on `core->peer`.
+/// Creates the completion channel(s), CQ(s) and queue pair of `core->id` on `core->peer`
+/// (and its shared receive queue, core->srq): the CQ with its own channel; a receive CQ
+/// (rcq_size > 0, and no shared receive queue with a CQ of its own) with its own channel or
+/// the shared one.
 inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg) noexcept {
-  const Provider& p = provider();
   ibv_context* verbs = core.id->verbs;
-  errno = 0;
-  core.comp_channel.reset(p.create_comp_channel(verbs));
-  if (!core.comp_channel) return fail(provider_error("ibv_create_comp_channel", errno));
-  errno = 0;
-  core.cq.reset(p.create_cq(verbs, static_cast<int>(cfg.cq_size), nullptr,
-                            core.comp_channel.get(), 0));
-  if (!core.cq) return fail(provider_error("ibv_create_cq", errno));
-  if (int rc = p.req_notify_cq(core.cq.get(), 0); rc != 0)
-    return fail(provider_error("ibv_req_notify_cq", rc));
-  if (cfg.rcq_size > 0) {
-    errno = 0;
-    core.rcq.reset(p.create_cq(verbs, static_cast<int>(cfg.rcq_size), nullptr,
-                               core.comp_channel.get(), 0));
-    if (!core.rcq) return fail(provider_error("ibv_create_cq", errno));
-    if (int rc = p.req_notify_cq(core.rcq.get(), 0); rc != 0)
-      return fail(provider_error("ibv_req_notify_cq", rc));
+  if (cfg.completion_vector > 0 && cfg.completion_vector >= verbs->num_comp_vectors)
+    return fail(invalid("ConnConfig", "completion_vector {} is not below the device's {} vectors",
+                        cfg.completion_vector, verbs->num_comp_vectors));
+  if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
+  if (auto ok = make_cq(core.cq, verbs, cfg.cq_size, core.comp_channel.get(), cfg.completion_vector); !ok)
+    return ok;
+  const bool srq_has_cq = core.srq && core.srq->rcq;
+  if (cfg.rcq_size > 0 && !srq_has_cq) {
+    ibv_comp_channel* channel = core.comp_channel.get();
+    if (!cfg.shared_completion_channel) {
+      if (auto ok = make_comp_channel(core.rcq_channel, verbs); !ok) return ok;
+      channel = core.rcq_channel.get();
+    }
+    if (auto ok = make_cq(core.rcq, verbs, cfg.rcq_size, channel, cfg.completion_vector); !ok) return ok;
   }
-  ibv_qp_init_attr attr{};
+  ibv_qp_init_attr_ex attr{};
   attr.send_cq = core.cq.get();
-  attr.recv_cq = core.rcq ? core.rcq.get() : core.cq.get();
+  ibv_cq* receive = core.receive_cq();
+  attr.recv_cq = receive != nullptr ? receive : core.cq.get();
+  attr.srq = core.srq ? core.srq->srq.get() : nullptr;
   attr.cap.max_send_wr = cfg.sq_size;
-  attr.cap.max_recv_wr = cfg.rq_size;
-  attr.cap.max_send_sge = 1;
-  attr.cap.max_recv_sge = 1;
-  attr.cap.max_inline_data = 8;
+  attr.cap.max_recv_wr = core.srq ? 0 : cfg.rq_size;
+  attr.cap.max_send_sge = cfg.max_sge;
+  attr.cap.max_recv_sge = cfg.max_sge;
+  attr.cap.max_inline_data = cfg.max_inline_data;
   attr.qp_type = IBV_QPT_RC;
   attr.sq_sig_all = 0;
+  const Provider& p = provider();
   errno = 0;
-  if (p.create_qp(core.id.get(), core.peer->pd.get(), &attr) != 0)
-    return fail(provider_error("rdma_create_qp", errno));
+  if (core.peer->native_atomic_write) {
+    // librpma's way: the extended QP with native atomic writes; the rest still posts
+    // through ibv_post_send.
+    attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    attr.pd = core.peer->pd.get();
+    attr.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE;
+    if (p.create_qp_ex(core.id.get(), &attr) != 0)
+      return fail(provider_error("rdma_create_qp_ex", errno));
+  } else {
+    ibv_qp_init_attr plain{};
+    plain.send_cq = attr.send_cq;
+    plain.recv_cq = attr.recv_cq;
+    plain.srq = attr.srq;
+    plain.cap = attr.cap;
+    plain.qp_type = attr.qp_type;
+    plain.sq_sig_all = attr.sq_sig_all;
+    if (p.create_qp(core.id.get(), core.peer->pd.get(), &plain) != 0)
+      return fail(provider_error("rdma_create_qp", errno));
+    attr.cap = plain.cap;
+  }
   core.qp.reset(core.id.get());
+  core.max_inline_data = attr.cap.max_inline_data;
   return {};
 }
 

@@ -66,5 +66,15 @@ struct QpDeleter : CapturedProvider {
 };
 using QueuePairOf = std::unique_ptr<rdma_cm_id, QpDeleter>;
 
+struct MrDeleter : CapturedProvider {
+  void operator()(ibv_mr* mr) const noexcept { (void)provider().dereg_mr(mr); }
+};
+using MemoryRegion = std::unique_ptr<ibv_mr, MrDeleter>;
+
+struct SrqDeleter : CapturedProvider {
+  void operator()(ibv_srq* srq) const noexcept { (void)provider().destroy_srq(srq); }
+};
+using SharedReceiveQueue = std::unique_ptr<ibv_srq, SrqDeleter>;
+
 }  // namespace detail
 RPMAPP_END_NAMESPACE

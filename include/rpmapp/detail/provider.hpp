@@ -48,6 +48,26 @@ struct Provider {
   // an event channel's fd: its flags (made O_NONBLOCK), and waiting on it
   int (*fcntl)(int fd, int cmd, int arg);
   int (*poll)(pollfd*, nfds_t, int timeout_ms);
+  // ---- the data path (libibverbs; static inline functions are wrapped below)
+  /// Returns the errno value (0 on success).
+  int (*query_device_ex)(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*);
+  ibv_mr* (*reg_mr)(ibv_pd*, void* addr, size_t length, int access);
+  int (*dereg_mr)(ibv_mr*);
+  int (*advise_mr)(ibv_pd*, ibv_advise_mr_advice, uint32_t flags, ibv_sge*, uint32_t num_sge);
+  /// rdma_create_qp_ex: used instead of create_qp for a QP with extended send operations.
+  int (*create_qp_ex)(rdma_cm_id*, ibv_qp_init_attr_ex*);
+  int (*post_send)(ibv_qp*, ibv_send_wr*, ibv_send_wr** bad);
+  int (*post_recv)(ibv_qp*, ibv_recv_wr*, ibv_recv_wr** bad);
+  int (*post_srq_recv)(ibv_srq*, ibv_recv_wr*, ibv_recv_wr** bad);
+  /// A native 8-byte atomic write (ibv_wr_start, ibv_wr_atomic_write, ibv_wr_complete on
+  /// the QP's ibv_qp_ex); returns ibv_wr_complete's errno value.
+  int (*post_atomic_write)(ibv_qp*, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
+                           uint64_t remote_addr, const void* src8);
+  int (*poll_cq)(ibv_cq*, int num_entries, ibv_wc*);
+  int (*get_cq_event)(ibv_comp_channel*, ibv_cq**, void** cq_context);
+  void (*ack_cq_events)(ibv_cq*, unsigned int nevents);
+  ibv_srq* (*create_srq)(ibv_pd*, ibv_srq_init_attr*);
+  int (*destroy_srq)(ibv_srq*);
 };
 
 inline const Provider system_provider = {
@@ -83,6 +103,38 @@ inline const Provider system_provider = {
     // variadic in <fcntl.h>: wrap it to give it a fixed signature
     [](int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); },
     ::poll,
+    [](ibv_context* c, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr) {
+      return ibv_query_device_ex(c, in, attr);
+    },
+    // a macro in <infiniband/verbs.h>
+    [](ibv_pd* pd, void* addr, size_t length, int access) {
+      return ibv_reg_mr(pd, addr, length, access);
+    },
+    ibv_dereg_mr,
+    [](ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sges, uint32_t n) {
+      return ibv_advise_mr(pd, advice, flags, sges, n);
+    },
+    rdma_create_qp_ex,
+    [](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) { return ibv_post_send(qp, wr, bad); },
+    [](ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) { return ibv_post_recv(qp, wr, bad); },
+    [](ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+      return ibv_post_srq_recv(srq, wr, bad);
+    },
+    [](ibv_qp* qp, uint64_t wr_id, unsigned send_flags, uint32_t rkey, uint64_t remote_addr,
+       const void* src8) {
+      ibv_qp_ex* qpx = ibv_qp_to_qp_ex(qp);
+      if (qpx == nullptr || qpx->wr_atomic_write == nullptr) return EOPNOTSUPP;
+      ibv_wr_start(qpx);
+      qpx->wr_id = wr_id;
+      qpx->wr_flags = send_flags;
+      ibv_wr_atomic_write(qpx, rkey, remote_addr, src8);
+      return ibv_wr_complete(qpx);
+    },
+    [](ibv_cq* cq, int n, ibv_wc* wc) { return ibv_poll_cq(cq, n, wc); },
+    ibv_get_cq_event,
+    ibv_ack_cq_events,
+    ibv_create_srq,
+    ibv_destroy_srq,
 };
 
 inline const Provider* current_provider = &system_provider;

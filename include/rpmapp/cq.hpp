@@ -1,0 +1,223 @@
+// rpmapp::Cq: a completion queue with its completion channel (librpma's rpma_cq), and the
+// reading of work completions (ibv_wc).
+#pragma once
+
+#include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/errors.hpp>
+#include <rpmapp/error.hpp>
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+RPMAPP_BEGIN_NAMESPACE
+
+/// The text of a work completion's status, e.g. "remote access error" (ibv_wc_status_str).
+inline std::string_view to_string(ibv_wc_status status) noexcept { return ibv_wc_status_str(status); }
+
+/// The name of a work completion's opcode, e.g. "read", "recv_rdma_with_imm".
+constexpr std::string_view to_string(ibv_wc_opcode opcode) noexcept {
+  switch (opcode) {
+    case IBV_WC_SEND: return "send";
+    case IBV_WC_RDMA_WRITE: return "write";
+    case IBV_WC_RDMA_READ: return "read";
+    case IBV_WC_COMP_SWAP: return "compare_and_swap";
+    case IBV_WC_FETCH_ADD: return "fetch_and_add";
+    case IBV_WC_BIND_MW: return "bind_mw";
+    case IBV_WC_LOCAL_INV: return "local_inv";
+    case IBV_WC_TSO: return "tso";
+    case IBV_WC_ATOMIC_WRITE: return "atomic_write";
+    case IBV_WC_RECV: return "recv";
+    case IBV_WC_RECV_RDMA_WITH_IMM: return "recv_rdma_with_imm";
+    default: return "unknown opcode";
+  }
+}
+
+/// A failed work completion as an Error (errc::provider, call "ibv_poll_cq"), whose reason
+/// gives the status's text and number, the opcode and the user's context (wr_id); success
+/// when the status is IBV_WC_SUCCESS. A flushed completion (IBV_WC_WR_FLUSH_ERR: the queue
+/// pair went to the error state, e.g. on disconnect) is an error too.
+/// Note: a failed completion's opcode is not defined by ibverbs (only wr_id and status are).
+inline expected<void> check(const ibv_wc& wc) noexcept {
+  if (wc.status == IBV_WC_SUCCESS) return {};
+  return detail::fail(detail::make_error(errc::provider, 0, "ibv_poll_cq",
+                                         "work completion failed: {} (status {}, wr_id 0x{:x}, vendor_err 0x{:x})",
+                                         to_string(wc.status), static_cast<int>(wc.status),
+                                         wc.wr_id, wc.vendor_err));
+}
+
+/// The immediate data of a completion (wc.imm_data, which travels in network order) in
+/// host order: the value the peer passed to write_with_imm / send_with_imm.
+inline std::uint32_t immediate(const ibv_wc& wc) noexcept { return ntohl(wc.imm_data); }
+
+namespace detail {
+
+/// Takes the next event of a completion channel, waiting until `deadline` (poll, then
+/// read; an empty read of a non-blocking fd goes back to poll; EINTR is retried), and
+/// acknowledges it. Returns the CQ it was for (not yet re-armed).
+/// Errors: no_completion (nothing by the deadline), provider (poll, ibv_get_cq_event).
+inline expected<ibv_cq*> next_cq_event(ibv_comp_channel* channel, const Deadline& deadline) noexcept {
+  const Provider& p = provider();
+  for (;;) {
+    pollfd pfd{channel->fd, POLLIN, 0};
+    errno = 0;
+    const int n = p.poll(&pfd, 1, deadline.poll_timeout());
+    if (n < 0) {
+      const int e = errno;
+      if (e == EINTR) continue;
+      return fail(provider_error("poll", e, "on the completion channel"));
+    }
+    if (n > 0) {
+      ibv_cq* cq = nullptr;
+      void* context = nullptr;
+      errno = 0;
+      if (p.get_cq_event(channel, &cq, &context) == 0) {
+        p.ack_cq_events(cq, 1);
+        return cq;
+      }
+      const int e = errno;
+      if (e != EINTR && e != EAGAIN && e != EWOULDBLOCK)
+        return fail(provider_error("ibv_get_cq_event", e));
+    }
+    if (deadline.passed())
+      return fail(Error(errc::no_completion, 0, "ibv_get_cq_event", "no completion event in time"));
+  }
+}
+
+/// Asks for the next completion event of `cq`. Errors: provider (ibv_req_notify_cq).
+inline expected<void> rearm(ibv_cq* cq) noexcept {
+  if (int rc = provider().req_notify_cq(cq, 0); rc != 0)
+    return fail(provider_error("ibv_req_notify_cq", rc));
+  return {};
+}
+
+}  // namespace detail
+
+/// A completion queue and its completion channel: a connection's main CQ (send
+/// completions, and receive ones unless it has a receive CQ), its receive CQ, or a shared
+/// receive queue's CQ. A view: it is valid while what owns the queue (the Conn, ConnReq or
+/// Srq) lives. A default-constructed Cq is empty (every call is inval).
+///
+/// Two ways to read completions: poll with get() (non-blocking), or wait for the channel's
+/// event and then get(). next() does both without losing a completion: it polls, and only
+/// when the queue is empty waits for an event, re-arms the queue and polls again.
+/// When a connection's CQ and receive CQ share one channel (ConnConfig::shared_completion
+/// _channel), waiting is the connection's (Conn::wait_completion): wait()/next() here are
+/// errc::shared_channel, as in librpma.
+/// Thread safety: one thread at a time per Cq (a second reader of the channel could block).
+class Cq {
+ public:
+  constexpr Cq() noexcept = default;
+
+  explicit operator bool() const noexcept { return cq_ != nullptr; }
+
+  /// The completion channel's fd, for poll/epoll (readable = a completion event is
+  /// pending; then call wait() or try_wait(), which acknowledge it and re-arm the queue).
+  /// The fd may be made non-blocking; rpmapp polls before reading either way.
+  /// Errors: inval when empty.
+  expected<int> fd() const noexcept {
+    if (!cq_) return detail::fail(empty("Cq::fd"));
+    return channel_->fd;
+  }
+
+  /// Waits for the queue's next completion event, acknowledges it and re-arms the queue
+  /// (librpma's rpma_cq_wait). Completions are then read with get(). A signal does not end
+  /// the wait.
+  /// Errors: inval when empty; shared_channel (wait on the Conn); no_completion (only from
+  /// try_wait / wait_for: no event in time); provider: poll, ibv_get_cq_event or
+  /// ibv_req_notify_cq failed; unknown: the event was for another queue.
+  expected<void> wait() noexcept { return wait_event("Cq::wait", detail::Wait::forever()); }
+  /// As wait(), returning no_completion at once when no event is pending.
+  expected<void> try_wait() noexcept { return wait_event("Cq::try_wait", detail::Wait::none()); }
+  /// As wait(), returning no_completion when no event came within `timeout`.
+  expected<void> wait_for(std::chrono::milliseconds timeout) noexcept {
+    return wait_event("Cq::wait_for", detail::Wait::bounded(timeout));
+  }
+
+  /// Polls up to out.size() completions into `out` without waiting (librpma's
+  /// rpma_cq_get_wc) and returns the filled part. Check each one's status (check(wc)): a
+  /// failed work request completes with an error status, never silently.
+  /// Errors: inval when empty or `out` is empty; no_completion when the queue is empty;
+  /// provider: ibv_poll_cq failed; unknown: it reported more than asked.
+  expected<std::span<ibv_wc>> get(std::span<ibv_wc> out) noexcept {
+    if (!cq_) [[unlikely]]
+      return detail::fail(empty("Cq::get"));
+    if (out.empty() || out.size() > 0x7fffffffu) [[unlikely]]
+      return detail::fail(detail::invalid("Cq::get", "room for {} completions: give 1 to 2^31-1", out.size()));
+    const int n = detail::provider().poll_cq(cq_, static_cast<int>(out.size()), out.data());
+    if (n > 0 && static_cast<std::size_t>(n) <= out.size()) [[likely]]
+      return out.first(static_cast<std::size_t>(n));
+    if (n == 0) return detail::fail(Error(errc::no_completion, 0, "ibv_poll_cq", "the queue is empty"));
+    if (n < 0)  // ibverbs sets no errno here; providers return -1 or a negative code
+      return detail::fail(detail::make_error(errc::provider, 0, "ibv_poll_cq", "returned {}", n));
+    return detail::fail(detail::make_error(errc::unknown, 0, "ibv_poll_cq",
+                                           "returned {} completions for room for {}", n, out.size()));
+  }
+
+  /// Returns at least one completion: polls, and while the queue is empty waits for its
+  /// event (acknowledged, queue re-armed) and polls again, so that no completion is lost
+  /// between the poll and the wait.
+  /// Errors: as get() (never no_completion) and wait().
+  expected<std::span<ibv_wc>> next(std::span<ibv_wc> out) noexcept {
+    return next_until("Cq::next", out, detail::Deadline(detail::Wait::forever()));
+  }
+  /// As next(), returning no_completion when nothing completed within `timeout`.
+  expected<std::span<ibv_wc>> next_for(std::span<ibv_wc> out, std::chrono::milliseconds timeout) noexcept {
+    return next_until("Cq::next_for", out, detail::Deadline(detail::Wait::bounded(timeout)));
+  }
+
+  /// The queue (for raw verbs). Errors: inval when empty.
+  expected<ibv_cq*> native() const noexcept {
+    if (!cq_) return detail::fail(empty("Cq::native"));
+    return cq_;
+  }
+  /// Whether its completion channel is shared with the connection's other queue.
+  /// Errors: inval when empty.
+  expected<bool> shared_channel() const noexcept {
+    if (!cq_) return detail::fail(empty("Cq::shared_channel"));
+    return shared_;
+  }
+
+  friend bool operator==(const Cq& a, const Cq& b) noexcept { return a.cq_ == b.cq_; }
+
+  /// Internal: a view of `cq` on `channel`.
+  Cq(ibv_cq* cq, ibv_comp_channel* channel, bool shared) noexcept
+      : cq_(cq), channel_(channel), shared_(shared) {}
+
+ private:
+  static Error empty(const char* call) noexcept {
+    return Error(errc::inval, 0, call, "no completion queue (empty Cq, or no receive CQ configured)");
+  }
+
+  expected<void> wait_event(const char* call, detail::Wait wait) noexcept {
+    return wait_until(call, detail::Deadline(wait));
+  }
+  expected<void> wait_until(const char* call, const detail::Deadline& deadline) noexcept {
+    if (!cq_) return detail::fail(empty(call));
+    if (shared_)
+      return detail::fail(Error(errc::shared_channel, 0, call,
+                                "the channel is shared by the connection's queues: use Conn::wait_completion"));
+    auto cq = detail::next_cq_event(channel_, deadline);
+    if (!cq) return detail::fail(cq.error());
+    if (*cq != cq_)
+      return detail::fail(Error(errc::unknown, 0, "ibv_get_cq_event", "an event for another completion queue"));
+    return detail::rearm(cq_);
+  }
+  expected<std::span<ibv_wc>> next_until(const char* call, std::span<ibv_wc> out,
+                                         const detail::Deadline& deadline) noexcept {
+    for (;;) {
+      auto got = get(out);
+      if (got || got.error().code() != errc::no_completion) return got;
+      if (auto waited = wait_until(call, deadline); !waited) return detail::fail(waited.error());
+    }
+  }
+
+  ibv_cq* cq_ = nullptr;
+  ibv_comp_channel* channel_ = nullptr;
+  bool shared_ = false;
+};
+
+RPMAPP_END_NAMESPACE

@@ -1,0 +1,163 @@
+// Posting work requests: the checks every operation makes before it posts (bounds and
+// usage of the local and the remote region), and the posts themselves. Nothing here
+// allocates, formats or locks on success; an Error is built only on failure.
+#pragma once
+
+#include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/provider.hpp>
+#include <rpmapp/error.hpp>
+#include <rpmapp/mr.hpp>
+#include <rpmapp/op_flags.hpp>
+
+#include <arpa/inet.h>
+
+#include <cstdint>
+
+RPMAPP_BEGIN_NAMESPACE
+
+namespace detail {
+
+struct MrAccess {
+  static const ibv_mr* get(const MrLocal& mr) noexcept { return mr.mr_.get(); }
+  static MrUsage usage(const MrLocal& mr) noexcept { return mr.usage_; }
+};
+
+inline const char* usage_name(MrUsage bit) noexcept {
+  switch (bit) {
+    case MrUsage::read_src: return "read_src";
+    case MrUsage::read_dst: return "read_dst";
+    case MrUsage::write_src: return "write_src";
+    case MrUsage::write_dst: return "write_dst";
+    case MrUsage::flush_visibility: return "flush_visibility";
+    case MrUsage::flush_persistent: return "flush_persistent";
+    case MrUsage::send: return "send";
+    case MrUsage::recv: return "recv";
+  }
+  return "?";
+}
+
+/// The scatter/gather entry for [offset, offset + len) of `mr`, registered on `pd` for `need`.
+/// Errors: inval (empty region, another protection domain, out of bounds, over 4 GiB,
+/// usage missing).
+inline expected<ibv_sge> local_sge(const char* call, const MrLocal& mr, std::size_t offset,
+                                   std::size_t len, MrUsage need, const ibv_pd* pd) noexcept {
+  const ibv_mr* raw = MrAccess::get(mr);
+  if (raw == nullptr) [[unlikely]]
+    return fail(Error(errc::inval, 0, call, "the local region is empty (moved from or deregistered)"));
+  if (raw->pd != pd) [[unlikely]]
+    return fail(Error(errc::inval, 0, call, "the local region is registered on another Peer"));
+  if (!in_bounds(offset, len, raw->length)) [[unlikely]]
+    return fail(invalid(call, "local range [{}, +{}) is not within the {}-byte region", offset, len,
+                        raw->length));
+  if (len > 0xffffffffu) [[unlikely]]
+    return fail(invalid(call, "length {} is over the 4 GiB a work request carries", len));
+  if (!has(MrAccess::usage(mr), need)) [[unlikely]]
+    return fail(invalid(call, "the local region is not registered for {}", usage_name(need)));
+  ibv_sge sge;
+  sge.addr = reinterpret_cast<std::uintptr_t>(raw->addr) + offset;
+  sge.length = static_cast<std::uint32_t>(len);
+  sge.lkey = raw->lkey;
+  return sge;
+}
+
+/// Checks [offset, offset + len) of the peer's region and the usage `need`.
+/// Errors: inval (empty region, out of bounds, usage missing).
+inline expected<void> check_remote(const char* call, const MrRemote& mr, std::size_t offset,
+                                   std::size_t len, MrUsage need) noexcept {
+  if (!mr) [[unlikely]]
+    return fail(Error(errc::inval, 0, call, "the remote region is empty"));
+  if (!in_bounds(offset, len, mr.size())) [[unlikely]]
+    return fail(invalid(call, "remote range [{}, +{}) is not within the peer's {}-byte region",
+                        offset, len, mr.size()));
+  if (len > 0xffffffffu) [[unlikely]]
+    return fail(invalid(call, "length {} is over the 4 GiB a work request carries", len));
+  if (!has(mr.usage(), need)) [[unlikely]]
+    return fail(invalid(call, "the peer did not register the remote region for {}", usage_name(need)));
+  return {};
+}
+
+inline expected<void> check_completion_flag(const char* call, Completion when) noexcept {
+  if (when != Completion::always && when != Completion::on_error) [[unlikely]]
+    return fail(invalid(call, "completion flag {} is neither on_error nor always", static_cast<int>(when)));
+  return {};
+}
+
+inline unsigned signaled(Completion when) noexcept {
+  return when == Completion::always ? static_cast<unsigned>(IBV_SEND_SIGNALED) : 0u;
+}
+
+inline Error post_error(const char* post_call, int rc) noexcept {
+  // ENOMEM from a post means the queue is full, not that memory ran out.
+  if (rc == ENOMEM)
+    return Error(errc::provider, rc, post_call, "the queue is full (more work requests in flight than its size)");
+  return Error(errc::provider, rc, post_call);
+}
+
+/// Posts one send-queue work request with one (or no) scatter/gather entry.
+inline expected<void> post_send(ibv_qp* qp, ibv_send_wr& wr) noexcept {
+  ibv_send_wr* bad = nullptr;
+  if (int rc = provider().post_send(qp, &wr, &bad); rc != 0) [[unlikely]]
+    return fail(post_error("ibv_post_send", rc));
+  return {};
+}
+
+inline expected<void> post_recv(ibv_qp* qp, ibv_sge sge, std::uint64_t context) noexcept {
+  ibv_recv_wr wr{};
+  wr.wr_id = context;
+  wr.sg_list = sge.length != 0 ? &sge : nullptr;
+  wr.num_sge = sge.length != 0 ? 1 : 0;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = provider().post_recv(qp, &wr, &bad); rc != 0) [[unlikely]]
+    return fail(post_error("ibv_post_recv", rc));
+  return {};
+}
+
+inline expected<void> post_srq_recv(ibv_srq* srq, ibv_sge sge, std::uint64_t context) noexcept {
+  ibv_recv_wr wr{};
+  wr.wr_id = context;
+  wr.sg_list = sge.length != 0 ? &sge : nullptr;
+  wr.num_sge = sge.length != 0 ? 1 : 0;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = provider().post_srq_recv(srq, &wr, &bad); rc != 0) [[unlikely]]
+    return fail(post_error("ibv_post_srq_recv", rc));
+  return {};
+}
+
+/// A receive of [offset, offset + len) of `dst` (registered for recv).
+inline expected<ibv_sge> recv_sge(const char* call, const MrLocal& dst, std::size_t offset,
+                                  std::size_t len, const ibv_pd* pd) noexcept {
+  return local_sge(call, dst, offset, len, MrUsage::recv, pd);
+}
+
+/// An RDMA work request (read / write / write with immediate) of one entry.
+inline ibv_send_wr rdma_wr(ibv_wr_opcode opcode, ibv_sge& sge, const MrRemote& remote,
+                           std::size_t remote_offset, Completion when, std::uint64_t context) noexcept {
+  ibv_send_wr wr{};
+  wr.wr_id = context;
+  wr.opcode = opcode;
+  wr.sg_list = sge.length != 0 ? &sge : nullptr;
+  wr.num_sge = sge.length != 0 ? 1 : 0;
+  wr.send_flags = signaled(when);
+  wr.wr.rdma.remote_addr = remote.address() + remote_offset;
+  wr.wr.rdma.rkey = remote.rkey();
+  return wr;
+}
+
+inline ibv_send_wr send_wr(ibv_wr_opcode opcode, ibv_sge& sge, Completion when,
+                           std::uint64_t context) noexcept {
+  ibv_send_wr wr{};
+  wr.wr_id = context;
+  wr.opcode = opcode;
+  wr.sg_list = sge.length != 0 ? &sge : nullptr;
+  wr.num_sge = sge.length != 0 ? 1 : 0;
+  wr.send_flags = signaled(when);
+  return wr;
+}
+
+/// librpma puts immediate data on the wire in network order (htonl); so do we, so that
+/// a librpma peer reads the same value.
+inline std::uint32_t imm_to_wire(std::uint32_t imm) noexcept { return htonl(imm); }
+
+}  // namespace detail
+
+RPMAPP_END_NAMESPACE

@@ -1,0 +1,244 @@
+// rpmapp::MrLocal (a registered memory region) and rpmapp::MrRemote (a peer's region, from
+// its descriptor), with librpma's 21-byte descriptor format.
+#pragma once
+
+#include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/handles.hpp>
+#include <rpmapp/error.hpp>
+#include <rpmapp/mr_usage.hpp>
+#include <rpmapp/peer.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+RPMAPP_BEGIN_NAMESPACE
+
+/// Size of a memory region's descriptor: librpma's `u64 addr, u64 len, u32 rkey, u8 usage`,
+/// little-endian, packed.
+inline constexpr std::size_t mr_descriptor_size = 21;
+
+/// A memory region's descriptor, as sent to the peer.
+using MrDescriptor = std::array<std::byte, mr_descriptor_size>;
+
+namespace detail {
+struct MrAccess;
+inline void put_le(std::byte* out, std::uint64_t value, int bytes) noexcept {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>(value >> (8 * i));
+}
+inline std::uint64_t get_le(const std::byte* in, int bytes) noexcept {
+  std::uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= std::uint64_t(std::to_integer<std::uint8_t>(in[i])) << (8 * i);
+  return value;
+}
+inline MrDescriptor encode_descriptor(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey,
+                                      MrUsage usage) noexcept {
+  MrDescriptor d{};
+  put_le(d.data(), addr, 8);
+  put_le(d.data() + 8, len, 8);
+  put_le(d.data() + 16, rkey, 4);
+  d[20] = static_cast<std::byte>(to_underlying(usage));
+  return d;
+}
+/// True when [offset, offset + len) lies in a region of `size` bytes (no overflow).
+constexpr bool in_bounds(std::size_t offset, std::size_t len, std::uint64_t size) noexcept {
+  return offset <= size && len <= size - offset;
+}
+}  // namespace detail
+
+/// A region of the caller's memory registered on a Peer for some usages (librpma's
+/// rpma_mr_local). Move-only; deregistered when destroyed. It keeps its Peer's protection
+/// domain alive. The memory itself stays the caller's: keep it alive while registered.
+/// Thread safety: a const MrLocal may be used from several threads at once (operations
+/// only read it); dereg() is one thread's.
+class MrLocal {
+ public:
+  /// Registers `size` bytes at `ptr` on `peer` for `usage`, with the least ibverbs access
+  /// rights the usages need (see MrUsage; librpma's mapping, iWARP rule included). A
+  /// registration the device refuses with EOPNOTSUPP is retried with on-demand paging when
+  /// the device supports it (Peer::odp_capable), as librpma does.
+  /// Errors:
+  /// - inval: empty `peer`; `ptr` null; `size` 0; `usage` empty.
+  /// - provider: ibv_reg_mr failed (errno in the Error; e.g. EFAULT for memory that is not
+  ///   mapped, EPERM/ENOMEM beyond the locked-memory limit).
+  /// - nomem: ibv_reg_mr failed with ENOMEM (often RLIMIT_MEMLOCK), or out of memory.
+  /// Thread safety: may be called concurrently.
+  static expected<MrLocal> reg(const Peer& peer, void* ptr, std::size_t size, MrUsage usage) noexcept {
+    constexpr const char* call = "MrLocal::reg";
+    if (!peer) return detail::fail(detail::moved_from(call));
+    if (ptr == nullptr) return detail::fail(detail::invalid(call, "the memory pointer is null"));
+    if (size == 0) return detail::fail(detail::invalid(call, "the size is 0"));
+    if (to_underlying(usage) == 0)
+      return detail::fail(detail::invalid(call, "the usage is empty (no MrUsage bit set)"));
+    auto mr = detail::register_memory(*peer.state(), ptr, size, usage);
+    if (!mr) return detail::fail(mr.error());
+    return MrLocal(peer.state(), std::move(*mr), usage);
+  }
+  /// As above, for a span of bytes.
+  static expected<MrLocal> reg(const Peer& peer, std::span<std::byte> memory, MrUsage usage) noexcept {
+    return reg(peer, memory.data(), memory.size(), usage);
+  }
+
+  MrLocal(MrLocal&&) noexcept = default;
+  MrLocal& operator=(MrLocal&&) noexcept = default;
+  /// Deregisters, ignoring errors (use dereg() to see them).
+  ~MrLocal() = default;
+
+  /// False when moved from or deregistered.
+  explicit operator bool() const noexcept { return mr_ != nullptr; }
+
+  /// Deregisters the region (the MrLocal is empty afterwards, whatever the result).
+  /// Errors: inval when empty; provider: ibv_dereg_mr failed (e.g. EBUSY while a memory
+  /// window is bound).
+  expected<void> dereg() && noexcept {
+    if (!mr_) return detail::fail(detail::moved_from("MrLocal::dereg"));
+    const detail::Provider& p = mr_.get_deleter().provider();
+    auto peer = std::move(peer_);
+    if (int rc = p.dereg_mr(mr_.release()); rc != 0)
+      return detail::fail(detail::provider_error("ibv_dereg_mr", rc));
+    return {};
+  }
+
+  /// The registered memory's start. Errors: inval when empty.
+  expected<void*> ptr() const noexcept {
+    if (!mr_) return detail::fail(detail::moved_from("MrLocal::ptr"));
+    return mr_->addr;
+  }
+  /// The registered size in bytes. Errors: inval when empty.
+  expected<std::size_t> size() const noexcept {
+    if (!mr_) return detail::fail(detail::moved_from("MrLocal::size"));
+    return mr_->length;
+  }
+  /// The usages it was registered for. Errors: inval when empty.
+  expected<MrUsage> usage() const noexcept {
+    if (!mr_) return detail::fail(detail::moved_from("MrLocal::usage"));
+    return usage_;
+  }
+  /// The registration itself (lkey, rkey), for raw verbs. Errors: inval when empty.
+  expected<ibv_mr*> native() const noexcept {
+    if (!mr_) return detail::fail(detail::moved_from("MrLocal::native"));
+    return mr_.get();
+  }
+
+  /// The region's descriptor for the peer (librpma's rpma_mr_get_descriptor: 21 bytes,
+  /// address, length, rkey and usage, little-endian). Errors: inval when empty.
+  expected<MrDescriptor> descriptor() const noexcept {
+    if (!mr_) return detail::fail(detail::moved_from("MrLocal::descriptor"));
+    return detail::encode_descriptor(reinterpret_cast<std::uintptr_t>(mr_->addr), mr_->length,
+                                     mr_->rkey, usage_);
+  }
+  /// Writes the descriptor into `out` (e.g. a private-data buffer) and returns its size.
+  /// Errors: inval when empty or when `out` is shorter than mr_descriptor_size (nothing
+  /// is written then).
+  expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept {
+    constexpr const char* call = "MrLocal::write_descriptor";
+    if (!mr_) return detail::fail(detail::moved_from(call));
+    if (out.size() < mr_descriptor_size)
+      return detail::fail(detail::invalid(call, "buffer of {} bytes is too small for the {}-byte descriptor",
+                                          out.size(), mr_descriptor_size));
+    const MrDescriptor d = *descriptor();
+    std::copy(d.begin(), d.end(), out.begin());
+    return mr_descriptor_size;
+  }
+
+  /// Gives the device advice about [offset, offset + len) (ibv_advise_mr, e.g.
+  /// IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE for on-demand-paging memory; librpma's
+  /// rpma_mr_advise).
+  /// Errors:
+  /// - inval: empty; the range is outside the region; len 0 or above 4 GiB; the device
+  ///   refused the advice with EINVAL or EFAULT.
+  /// - nosupp: the device does not support it (EOPNOTSUPP / ENOTSUP).
+  /// - provider: ibv_advise_mr failed otherwise.
+  expected<void> advise(std::size_t offset, std::size_t len, ibv_advise_mr_advice advice,
+                        std::uint32_t flags = 0) const noexcept {
+    constexpr const char* call = "MrLocal::advise";
+    if (!mr_) return detail::fail(detail::moved_from(call));
+    if (len == 0 || len > 0xffffffffu || !detail::in_bounds(offset, len, mr_->length))
+      return detail::fail(detail::invalid(call, "range [{}, +{}) is not within the {}-byte region",
+                                          offset, len, mr_->length));
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<std::uintptr_t>(mr_->addr) + offset;
+    sge.length = static_cast<std::uint32_t>(len);
+    sge.lkey = mr_->lkey;
+    const int rc = detail::provider().advise_mr(mr_->pd, advice, flags, &sge, 1);
+    if (rc == 0) return {};
+    if (rc == EOPNOTSUPP || rc == ENOTSUP)
+      return detail::fail(Error(errc::nosupp, rc, "ibv_advise_mr", "the device does not support this advice"));
+    if (rc == EINVAL || rc == EFAULT) return detail::fail(Error(errc::inval, rc, "ibv_advise_mr"));
+    return detail::fail(detail::provider_error("ibv_advise_mr", rc));
+  }
+
+ private:
+  friend struct detail::MrAccess;
+  MrLocal(std::shared_ptr<detail::PeerState> peer, detail::MemoryRegion mr, MrUsage usage) noexcept
+      : peer_(std::move(peer)), mr_(std::move(mr)), usage_(usage) {}
+
+  std::shared_ptr<detail::PeerState> peer_;  // declared first: outlives the registration
+  detail::MemoryRegion mr_;
+  MrUsage usage_{};
+};
+
+/// A peer's memory region, described by the descriptor it sent (librpma's rpma_mr_remote).
+/// A value type: copying it copies four numbers. A default-constructed MrRemote is empty
+/// (size 0, no usage): every operation on it is inval.
+/// A descriptor is untrusted input: from_descriptor validates it, and every operation
+/// checks its offset and length against the size and the usage it needs before posting.
+/// Thread safety: a const MrRemote may be read from several threads.
+class MrRemote {
+ public:
+  constexpr MrRemote() noexcept = default;
+
+  /// Parses a peer's descriptor (librpma's rpma_mr_remote_from_descriptor, stricter).
+  /// Errors: inval when the descriptor is not exactly mr_descriptor_size bytes, its usage
+  /// byte is 0 (or has bits MrUsage does not define), its length is 0, or address +
+  /// length overflows 64 bits.
+  static expected<MrRemote> from_descriptor(std::span<const std::byte> descriptor) noexcept {
+    constexpr const char* call = "MrRemote::from_descriptor";
+    if (descriptor.size() != mr_descriptor_size)
+      return detail::fail(detail::invalid(call, "a descriptor is {} bytes, not {}", mr_descriptor_size,
+                                          descriptor.size()));
+    const std::uint64_t addr = detail::get_le(descriptor.data(), 8);
+    const std::uint64_t len = detail::get_le(descriptor.data() + 8, 8);
+    const auto rkey = static_cast<std::uint32_t>(detail::get_le(descriptor.data() + 16, 4));
+    const auto usage = std::to_integer<std::uint8_t>(descriptor[20]);
+    constexpr std::uint8_t known = 0xff;  // every bit of the byte is an MrUsage
+    if (usage == 0 || (usage & ~known) != 0)
+      return detail::fail(detail::invalid(call, "usage 0x{:02x} is not a set of MrUsage bits", usage));
+    if (len == 0) return detail::fail(detail::invalid(call, "the region's length is 0"));
+    if (addr + len < addr)
+      return detail::fail(detail::invalid(call, "address 0x{:x} + length {} overflows", addr, len));
+    return MrRemote(addr, len, rkey, static_cast<MrUsage>(usage));
+  }
+
+  /// False for an empty (default-constructed) MrRemote.
+  explicit operator bool() const noexcept { return size_ != 0; }
+  /// The region's size in bytes (0 when empty).
+  std::uint64_t size() const noexcept { return size_; }
+  /// The usages the peer registered it for.
+  MrUsage usage() const noexcept { return usage_; }
+  /// Its flush usages (librpma's rpma_mr_remote_get_flush_type): the flush_visibility and
+  /// flush_persistent bits of usage().
+  MrUsage flush_type() const noexcept {
+    return usage_ & (MrUsage::flush_visibility | MrUsage::flush_persistent);
+  }
+  /// The peer's address of the region's start, and its remote key (for raw verbs).
+  std::uint64_t address() const noexcept { return addr_; }
+  std::uint32_t rkey() const noexcept { return rkey_; }
+  /// The descriptor it was built from.
+  MrDescriptor descriptor() const noexcept {
+    return detail::encode_descriptor(addr_, size_, rkey_, usage_);
+  }
+
+ private:
+  constexpr MrRemote(std::uint64_t addr, std::uint64_t size, std::uint32_t rkey, MrUsage usage) noexcept
+      : addr_(addr), size_(size), rkey_(rkey), usage_(usage) {}
+
+  std::uint64_t addr_ = 0;
+  std::uint64_t size_ = 0;
+  std::uint32_t rkey_ = 0;
+  MrUsage usage_{};
+};
+
+RPMAPP_END_NAMESPACE

@@ -1,0 +1,64 @@
+// rpmapp::MrUsage: what a memory region is registered for (librpma's RPMA_MR_USAGE_*).
+#pragma once
+
+#include <rpmapp/version.hpp>
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+RPMAPP_BEGIN_NAMESPACE
+
+/// Bit flags with librpma's values (they travel in the descriptor's usage byte).
+/// Combine with `|`; test with `has(usage, MrUsage::...)`.
+enum class MrUsage : std::uint8_t {
+  read_src = 1 << 0,          ///< the peer may read it (RDMA READ source)
+  read_dst = 1 << 1,          ///< a local RDMA READ may land in it
+  write_src = 1 << 2,         ///< a local RDMA WRITE may send from it
+  write_dst = 1 << 3,         ///< the peer may write it (RDMA WRITE / atomic write target)
+  flush_visibility = 1 << 4,  ///< the peer may flush it to global visibility
+  flush_persistent = 1 << 5,  ///< the peer may flush it to persistence
+  send = 1 << 6,              ///< a local send may send from it
+  recv = 1 << 7,              ///< a local receive may land in it
+};
+
+constexpr MrUsage operator|(MrUsage a, MrUsage b) noexcept {
+  return static_cast<MrUsage>(static_cast<std::uint8_t>(a) | static_cast<std::uint8_t>(b));
+}
+constexpr MrUsage operator&(MrUsage a, MrUsage b) noexcept {
+  return static_cast<MrUsage>(static_cast<std::uint8_t>(a) & static_cast<std::uint8_t>(b));
+}
+constexpr MrUsage& operator|=(MrUsage& a, MrUsage b) noexcept { return a = a | b; }
+/// True when every bit of `bits` is in `usage`.
+constexpr bool has(MrUsage usage, MrUsage bits) noexcept { return (usage & bits) == bits; }
+/// True when `usage` has at least one bit of `bits`.
+constexpr bool has_any(MrUsage usage, MrUsage bits) noexcept {
+  return static_cast<std::uint8_t>(usage & bits) != 0;
+}
+/// The usage's byte, as in a descriptor.
+constexpr std::uint8_t to_underlying(MrUsage usage) noexcept {
+  return static_cast<std::uint8_t>(usage);
+}
+
+namespace detail {
+/// The ibverbs access rights `usage` needs, as librpma maps them: remote readers need
+/// REMOTE_READ (so do flushes: the emulated flush is a read), a READ destination needs
+/// LOCAL_WRITE (and REMOTE_WRITE on iWARP, whose READ is a WRITE the other way), a WRITE
+/// target REMOTE_WRITE (which requires LOCAL_WRITE), a receive LOCAL_WRITE; a send needs
+/// nothing. WRITE_SRC gets LOCAL_WRITE as in librpma.
+constexpr int access_for(MrUsage usage, bool iwarp) noexcept {
+  int access = 0;
+  if (has_any(usage, MrUsage::read_src | MrUsage::flush_visibility | MrUsage::flush_persistent))
+    access |= IBV_ACCESS_REMOTE_READ;
+  if (has(usage, MrUsage::read_dst)) {
+    access |= IBV_ACCESS_LOCAL_WRITE;
+    if (iwarp) access |= IBV_ACCESS_REMOTE_WRITE;
+  }
+  if (has(usage, MrUsage::write_src)) access |= IBV_ACCESS_LOCAL_WRITE;
+  if (has(usage, MrUsage::write_dst)) access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+  if (has(usage, MrUsage::recv)) access |= IBV_ACCESS_LOCAL_WRITE;
+  return access;
+}
+}  // namespace detail
+
+RPMAPP_END_NAMESPACE
