@@ -37,7 +37,7 @@ constexpr std::string_view to_string(ibv_wc_opcode opcode) noexcept {
 }
 
 /// A failed work completion as an Error (errc::provider, call "ibv_poll_cq"), whose reason
-/// gives the status's text and number, the opcode and the user's context (wr_id); success
+/// gives the status's text and number, the user's context (wr_id) and the vendor error; success
 /// when the status is IBV_WC_SUCCESS. A flushed completion (IBV_WC_WR_FLUSH_ERR: the queue
 /// pair went to the error state, e.g. on disconnect) is an error too.
 /// Note: a failed completion's opcode is not defined by ibverbs (only wr_id and status are).

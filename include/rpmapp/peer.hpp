@@ -142,8 +142,9 @@ class Peer {
   ///   scope ("fe80::1%eth0"), or has a scope naming no interface or on another kind of
   ///   address; no RDMA device has it.
   /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr,
-  ///   rdma_get_devices or ibv_alloc_pd failed (errno and call in the Error).
-  /// - nomem: out of memory.
+  ///   or one of open()'s calls (rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd,
+  ///   ibv_reg_mr) failed (errno and call in the Error).
+  /// - nomem: out of memory (also a provider call's ENOMEM).
   static expected<Peer> from_address(std::string_view addr, AddressKind kind,
                                      std::chrono::milliseconds timeout =
                                          std::chrono::milliseconds(1000)) noexcept {

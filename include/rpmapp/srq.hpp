@@ -15,7 +15,8 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
-/// Sizes of a shared receive queue (librpma's rpma_srq_cfg; same defaults).
+/// Sizes of a shared receive queue (librpma's rpma_srq_cfg, with the defaults its manual
+/// gives: 100 and 100; librpma 1.2's code uses 20 for both).
 struct SrqConfig {
   /// Receives the queue holds. >= 1.
   std::uint32_t rq_size = 100;
