@@ -121,12 +121,16 @@ inline expected<void> check_config(const char* call, const ConnConfig& cfg) noex
 
 /// Takes a share of ConnConfig::srq's queue for `core` (whose peer is known), so that the
 /// queue outlives the connection whatever happens to the Srq handle.
-/// Errors: inval: the Srq is empty, or on another Peer than the connection's.
+/// Errors: inval: the Srq is empty, on another Peer than the connection's, or has its own CQ
+/// while the connection wants a shared completion channel (librpma's rule).
 inline expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg) noexcept {
   if (cfg.srq == nullptr) return {};
   if (!*cfg.srq) return fail(invalid(call, "srq points at an empty Srq (moved from or closed)"));
   if (cfg.srq->state()->peer->pd.get() != core.peer->pd.get())
     return fail(invalid(call, "the shared receive queue belongs to another Peer than the connection's"));
+  if (cfg.shared_completion_channel && cfg.srq->state()->rcq)
+    return fail(invalid(call, "a shared completion channel cannot carry the receive completions of a "
+                              "shared receive queue with its own CQ (as librpma)"));
   core.srq = cfg.srq->state();
   return {};
 }
