@@ -1,0 +1,52 @@
+// 05-read, server: registers a region holding a text as a read source, sends its
+// descriptor in the accept's private data (librpma's common_data, so that librpma's read
+// client can use it too) and waits while the client reads it and disconnects.
+#include "../common/common.hpp"
+#include "../common/librpma_data.hpp"
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <fmt/format.h>
+
+#include <array>
+
+// The text the client reads, NUL-terminated (the NUL is part of the region).
+constexpr std::string_view text = "Hello from the rpmapp 05-read server!";
+
+int main(int argc, char** argv) {
+  std::string_view addr, port;
+  if (!example::parse_args(argc, argv, addr, port)) return 2;
+
+  auto peer = rpmapp::Peer::from_address(addr, rpmapp::AddressKind::local);
+  if (!peer) return example::fail(peer.error());
+
+  // The region is exactly the text and its NUL: the client reads the whole region.
+  std::array<char, text.size() + 1> memory{};
+  text.copy(memory.data(), text.size());
+  auto mr = rpmapp::MrLocal::reg(*peer, memory.data(), memory.size(), rpmapp::MrUsage::read_src);
+  if (!mr) return example::fail(mr.error());
+  auto data = example::common_data_for(*mr);
+  if (!data) return example::fail(data.error());
+
+  auto endpoint = rpmapp::Endpoint::listen(*peer, addr, port);
+  if (!endpoint) return example::fail(endpoint.error());
+  if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
+
+  auto req = endpoint->next_conn_req_for(example::wait_bound);
+  if (!req) return example::fail(req.error());
+  auto conn = std::move(*req).connect(example::bytes_of(*data));
+  if (!conn) return example::fail(conn.error());
+  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::established); !ok)
+    return example::fail(ok.error());
+  fmt::print("connection established: the client may read {} bytes\n", memory.size());
+
+  // The client reads and then disconnects; the region must stay registered until then.
+  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::closed); !ok)
+    return example::fail(ok.error());
+  fmt::print("connection closed by the client\n");
+
+  if (auto ok = std::move(*conn).close(); !ok) return example::fail(ok.error());
+  if (auto ok = std::move(*mr).dereg(); !ok) return example::fail(ok.error());
+  if (auto ok = std::move(*endpoint).shutdown(); !ok) return example::fail(ok.error());
+  return 0;
+}

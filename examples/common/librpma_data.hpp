@@ -1,0 +1,80 @@
+// The private data librpma's examples exchange (struct common_data, examples/common/
+// common-conn.h of librpma 1.2), so that the examples here talk to librpma's programs:
+// a server describes its memory region (and optionally its peer configuration) in it.
+#pragma once
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace example {
+
+/// librpma's `struct common_data`, byte for byte (host byte order, as librpma sends it):
+/// `uint16_t data_offset; uint8_t mr_desc_size; uint8_t pcfg_desc_size;
+/// char descriptors[24];`, 28 bytes. `descriptors` holds the memory region's descriptor
+/// (mr_desc_size bytes), then the peer configuration's (pcfg_desc_size bytes).
+struct CommonData {
+  std::uint16_t data_offset = 0;   ///< where the user data starts in the region
+  std::uint8_t mr_desc_size = 0;   ///< bytes of the region's descriptor in `descriptors`
+  std::uint8_t pcfg_desc_size = 0; ///< bytes of the peer configuration's, after it
+  std::array<std::byte, 24> descriptors{};
+};
+static_assert(sizeof(CommonData) == 28);
+static_assert(offsetof(CommonData, mr_desc_size) == 2 && offsetof(CommonData, pcfg_desc_size) == 3 &&
+              offsetof(CommonData, descriptors) == 4);
+
+/// The CommonData a server sends for `mr`: its descriptor first, data_offset 0, no peer
+/// configuration. Errors: as MrLocal::write_descriptor (inval when `mr` is empty).
+inline rpmapp::expected<CommonData> common_data_for(const rpmapp::MrLocal& mr) {
+  CommonData data;
+  auto size = mr.write_descriptor(data.descriptors);
+  if (!size) return rpmapp::unexpected(size.error());
+  data.mr_desc_size = static_cast<std::uint8_t>(*size);
+  return data;
+}
+
+/// Its bytes, for ConnReq::connect.
+inline std::span<const std::byte> bytes_of(const CommonData& data) noexcept {
+  return {reinterpret_cast<const std::byte*>(&data), sizeof data};
+}
+
+/// Reads a CommonData from the peer's private data (zero-padded by rdma_cm, so longer
+/// than 28 bytes) and checks that its descriptor sizes fit in `descriptors`.
+/// Errors: inval when `data` is shorter than 28 bytes or the sizes add up to more than 24.
+inline rpmapp::expected<CommonData> parse_common_data(std::span<const std::byte> data) {
+  constexpr const char* call = "parse_common_data";
+  if (data.size() < sizeof(CommonData))
+    return rpmapp::unexpected(rpmapp::Error(
+        rpmapp::errc::inval, 0, call,
+        fmt::format("private data of {} bytes is shorter than librpma's {}-byte common_data",
+                    data.size(), sizeof(CommonData))));
+  CommonData parsed;
+  std::memcpy(&parsed, data.data(), sizeof parsed);
+  if (parsed.mr_desc_size + parsed.pcfg_desc_size > parsed.descriptors.size())
+    return rpmapp::unexpected(rpmapp::Error(
+        rpmapp::errc::inval, 0, call,
+        fmt::format("descriptor sizes {} + {} exceed the {} bytes of common_data's descriptors",
+                    parsed.mr_desc_size, parsed.pcfg_desc_size, parsed.descriptors.size())));
+  return parsed;
+}
+
+/// The peer's memory region described by `data` (its first mr_desc_size bytes of
+/// descriptors). Errors: inval from MrRemote::from_descriptor (e.g. a size other than
+/// rpmapp::mr_descriptor_size, an empty region, no usage).
+inline rpmapp::expected<rpmapp::MrRemote> remote_region(const CommonData& data) {
+  if (data.mr_desc_size > data.descriptors.size())
+    return rpmapp::unexpected(rpmapp::Error(
+        rpmapp::errc::inval, 0, "remote_region",
+        fmt::format("descriptor size {} exceeds the {} bytes of common_data's descriptors",
+                    data.mr_desc_size, data.descriptors.size())));
+  return rpmapp::MrRemote::from_descriptor(
+      std::span<const std::byte>(data.descriptors).first(data.mr_desc_size));
+}
+
+}  // namespace example
