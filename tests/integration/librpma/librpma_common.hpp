@@ -1,0 +1,210 @@
+// What the librpma programs of the interop tests share: the private data of librpma's
+// examples, bounded waits (librpma's calls block: every one here is preceded by a poll of
+// its fd) and the connection steps. Written against librpma 1.2's public API only.
+#pragma once
+
+#include <librpma.h>
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+namespace interop {
+
+/// Bound of every wait, as in the examples (software RDMA on a loaded machine is slow).
+inline constexpr int wait_ms = 30000;
+/// How often a client tries to connect before giving up.
+inline constexpr int connect_attempts = 5;
+
+/// librpma's examples' private data (common-conn.h), declared as they declare it.
+struct common_data {
+  std::uint16_t data_offset;
+  std::uint8_t mr_desc_size;
+  std::uint8_t pcfg_desc_size;
+  char descriptors[24];
+};
+static_assert(sizeof(common_data) == 28);
+
+/// Runs `f` at the end of the scope (the cleanup of a librpma object).
+template <class F>
+struct Defer {
+  F f;
+  ~Defer() { f(); }
+};
+template <class F>
+Defer(F) -> Defer<F>;
+
+/// Prints "error: WHAT: librpma's text" and returns main's exit status.
+inline int fail(const char* what, int ret) {
+  std::fprintf(stderr, "error: %s: %s (%d)\n", what, rpma_err_2str(ret), ret);
+  return 1;
+}
+inline int fail(const char* what) {
+  std::fprintf(stderr, "error: %s\n", what);
+  return 1;
+}
+
+/// Checks `prog ADDR PORT`.
+inline bool parse_args(int argc, char** argv) {
+  if (argc == 3) return true;
+  std::fprintf(stderr, "usage: %s ADDR PORT\n", argc > 0 ? argv[0] : "librpma");
+  return false;
+}
+
+/// Waits up to wait_ms for `fd` to be readable. Returns 0, or prints why not and returns 1.
+inline int wait_readable(int fd, const char* what) {
+  pollfd pfd{fd, POLLIN, 0};
+  for (;;) {
+    const int n = poll(&pfd, 1, wait_ms);
+    if (n > 0) return 0;
+    if (n == 0) {
+      std::fprintf(stderr, "error: no %s within %d ms\n", what, wait_ms);
+      return 1;
+    }
+    if (errno != EINTR) {
+      std::fprintf(stderr, "error: poll for %s: %s\n", what, std::strerror(errno));
+      return 1;
+    }
+  }
+}
+
+/// A peer (protection domain) on the device of `addr`.
+inline int new_peer(const char* addr, rpma_util_ibv_context_type type, rpma_peer** peer) {
+  ibv_context* device = nullptr;
+  if (int ret = rpma_utils_get_ibv_context(addr, type, &device); ret != 0)
+    return fail("rpma_utils_get_ibv_context", ret);
+  if (int ret = rpma_peer_new(device, peer); ret != 0) return fail("rpma_peer_new", ret);
+  return 0;
+}
+
+/// The connection's next event, waiting at most wait_ms.
+inline int next_event(rpma_conn* conn, rpma_conn_event* event) {
+  int fd = -1;
+  if (int ret = rpma_conn_get_event_fd(conn, &fd); ret != 0) return fail("rpma_conn_get_event_fd", ret);
+  if (wait_readable(fd, "connection event") != 0) return 1;
+  if (int ret = rpma_conn_next_event(conn, event); ret != 0) return fail("rpma_conn_next_event", ret);
+  return 0;
+}
+
+/// Takes the next event and checks that it is `want`.
+inline int expect_event(rpma_conn* conn, rpma_conn_event want) {
+  rpma_conn_event event = RPMA_CONN_UNDEFINED;
+  if (next_event(conn, &event) != 0) return 1;
+  if (event == want) return 0;
+  std::fprintf(stderr, "error: expected %s, got %s\n", rpma_utils_conn_event_2str(want),
+               rpma_utils_conn_event_2str(event));
+  return 1;
+}
+
+/// Listens on ADDR:PORT and prints "listening on ADDR port PORT" (the test runner starts
+/// the client when it sees it). librpma 1.2 cannot report a port the CM chose: PORT must
+/// not be 0.
+inline int listen(rpma_peer* peer, const char* addr, const char* port, rpma_ep** ep) {
+  if (std::strcmp(port, "0") == 0) return fail("listen: port 0 is not supported here");
+  if (int ret = rpma_ep_listen(peer, addr, port, ep); ret != 0) return fail("rpma_ep_listen", ret);
+  std::printf("listening on %s port %s\n", addr, port);
+  std::fflush(stdout);
+  return 0;
+}
+
+/// Accepts the next request on `ep` with `data` as private data and waits until the
+/// connection is established.
+inline int accept(rpma_ep* ep, const common_data& data, rpma_conn** conn) {
+  int fd = -1;
+  if (int ret = rpma_ep_get_fd(ep, &fd); ret != 0) return fail("rpma_ep_get_fd", ret);
+  if (wait_readable(fd, "connection request") != 0) return 1;
+  rpma_conn_req* req = nullptr;
+  if (int ret = rpma_ep_next_conn_req(ep, nullptr, &req); ret != 0)
+    return fail("rpma_ep_next_conn_req", ret);
+  rpma_conn_private_data pdata{const_cast<common_data*>(&data), sizeof data};
+  if (int ret = rpma_conn_req_connect(&req, &pdata, conn); ret != 0)
+    return fail("rpma_conn_req_connect", ret);
+  return expect_event(*conn, RPMA_CONN_ESTABLISHED);
+}
+
+/// Connects to ADDR:PORT without private data and waits until established; a request
+/// that is rejected or unreachable (the server may not be ready) is retried a few times.
+inline int connect(rpma_peer* peer, const char* addr, const char* port, rpma_conn** conn) {
+  for (int attempt = 1;; ++attempt) {
+    rpma_conn_req* req = nullptr;
+    if (int ret = rpma_conn_req_new(peer, addr, port, nullptr, &req); ret != 0)
+      return fail("rpma_conn_req_new", ret);
+    if (int ret = rpma_conn_req_connect(&req, nullptr, conn); ret != 0)
+      return fail("rpma_conn_req_connect", ret);
+    rpma_conn_event event = RPMA_CONN_UNDEFINED;
+    if (next_event(*conn, &event) != 0) return 1;
+    if (event == RPMA_CONN_ESTABLISHED) return 0;
+    (void)rpma_conn_delete(conn);
+    const bool retry = event == RPMA_CONN_REJECTED || event == RPMA_CONN_UNREACHABLE;
+    if (!retry || attempt == connect_attempts) {
+      std::fprintf(stderr, "error: connection %s after %d attempt(s)\n",
+                   rpma_utils_conn_event_2str(event), attempt);
+      return 1;
+    }
+    std::printf("attempt %d: connection %s, retrying\n", attempt, rpma_utils_conn_event_2str(event));
+    usleep(500 * 1000);
+  }
+}
+
+/// The server's region from the connection's private data (librpma's common_data).
+inline int remote_region(rpma_conn* conn, rpma_mr_remote** mr) {
+  rpma_conn_private_data pdata{};
+  if (int ret = rpma_conn_get_private_data(conn, &pdata); ret != 0)
+    return fail("rpma_conn_get_private_data", ret);
+  if (pdata.ptr == nullptr || pdata.len < sizeof(common_data))
+    return fail("the server sent no common_data in its private data");
+  common_data data;
+  std::memcpy(&data, pdata.ptr, sizeof data);
+  if (data.mr_desc_size > sizeof data.descriptors)
+    return fail("the server's descriptor size exceeds common_data's descriptors");
+  if (int ret = rpma_mr_remote_from_descriptor(data.descriptors, data.mr_desc_size, mr); ret != 0)
+    return fail("rpma_mr_remote_from_descriptor", ret);
+  return 0;
+}
+
+/// Waits (at most wait_ms) for the completion of the connection's one signaled operation
+/// and checks its status and opcode.
+inline int wait_completion(rpma_conn* conn, ibv_wc_opcode want) {
+  rpma_cq* cq = nullptr;
+  if (int ret = rpma_conn_get_cq(conn, &cq); ret != 0) return fail("rpma_conn_get_cq", ret);
+  int fd = -1;
+  if (int ret = rpma_cq_get_fd(cq, &fd); ret != 0) return fail("rpma_cq_get_fd", ret);
+  if (wait_readable(fd, "completion") != 0) return 1;
+  if (int ret = rpma_cq_wait(cq); ret != 0) return fail("rpma_cq_wait", ret);
+  ibv_wc wc{};
+  if (int ret = rpma_cq_get_wc(cq, 1, &wc, nullptr); ret != 0) return fail("rpma_cq_get_wc", ret);
+  if (wc.status != IBV_WC_SUCCESS) {
+    std::fprintf(stderr, "error: work completion failed: %s\n", ibv_wc_status_str(wc.status));
+    return 1;
+  }
+  if (wc.opcode != want) {
+    std::fprintf(stderr, "error: completion opcode %d, expected %d\n", int(wc.opcode), int(want));
+    return 1;
+  }
+  return 0;
+}
+
+/// How a client ends: disconnects, waits for closed, deletes the connection.
+inline int disconnect(rpma_conn** conn) {
+  if (int ret = rpma_conn_disconnect(*conn); ret != 0) return fail("rpma_conn_disconnect", ret);
+  if (expect_event(*conn, RPMA_CONN_CLOSED) != 0) return 1;
+  if (int ret = rpma_conn_delete(conn); ret != 0) return fail("rpma_conn_delete", ret);
+  std::printf("disconnected\n");
+  return 0;
+}
+
+/// How a server ends a connection: waits until the client has disconnected, disconnects
+/// its side and deletes the connection.
+inline int wait_closed(rpma_conn** conn) {
+  if (expect_event(*conn, RPMA_CONN_CLOSED) != 0) return 1;
+  std::printf("connection closed by the client\n");
+  if (int ret = rpma_conn_disconnect(*conn); ret != 0) return fail("rpma_conn_disconnect", ret);
+  if (int ret = rpma_conn_delete(conn); ret != 0) return fail("rpma_conn_delete", ret);
+  return 0;
+}
+
+}  // namespace interop
