@@ -103,7 +103,7 @@ inline int expect_event(rpma_conn* conn, rpma_conn_event want) {
 /// Listens on ADDR:PORT and prints "listening on ADDR port PORT" (the test runner starts
 /// the client when it sees it). librpma 1.2 cannot report a port the CM chose: PORT must
 /// not be 0.
-inline int listen(rpma_peer* peer, const char* addr, const char* port, rpma_ep** ep) {
+inline int listen_and_print(rpma_peer* peer, const char* addr, const char* port, rpma_ep** ep) {
   if (std::strcmp(port, "0") == 0) return fail("listen: port 0 is not supported here");
   if (int ret = rpma_ep_listen(peer, addr, port, ep); ret != 0) return fail("rpma_ep_listen", ret);
   std::printf("listening on %s port %s\n", addr, port);
@@ -113,7 +113,7 @@ inline int listen(rpma_peer* peer, const char* addr, const char* port, rpma_ep**
 
 /// Accepts the next request on `ep` with `data` as private data and waits until the
 /// connection is established.
-inline int accept(rpma_ep* ep, const common_data& data, rpma_conn** conn) {
+inline int accept_with(rpma_ep* ep, const common_data& data, rpma_conn** conn) {
   int fd = -1;
   if (int ret = rpma_ep_get_fd(ep, &fd); ret != 0) return fail("rpma_ep_get_fd", ret);
   if (wait_readable(fd, "connection request") != 0) return 1;
@@ -128,7 +128,7 @@ inline int accept(rpma_ep* ep, const common_data& data, rpma_conn** conn) {
 
 /// Connects to ADDR:PORT without private data and waits until established; a request
 /// that is rejected or unreachable (the server may not be ready) is retried a few times.
-inline int connect(rpma_peer* peer, const char* addr, const char* port, rpma_conn** conn) {
+inline int connect_with_retry(rpma_peer* peer, const char* addr, const char* port, rpma_conn** conn) {
   for (int attempt = 1;; ++attempt) {
     rpma_conn_req* req = nullptr;
     if (int ret = rpma_conn_req_new(peer, addr, port, nullptr, &req); ret != 0)

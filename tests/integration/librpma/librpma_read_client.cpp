@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
 
   rpma_conn* conn = nullptr;
   Defer conn_delete{[&] { if (conn) (void)rpma_conn_delete(&conn); }};
-  if (connect(peer, addr, port, &conn) != 0) return 1;
+  if (connect_with_retry(peer, addr, port, &conn) != 0) return 1;
 
   rpma_mr_remote* src = nullptr;
   Defer src_delete{[&] { if (src) (void)rpma_mr_remote_delete(&src); }};

@@ -36,11 +36,11 @@ int main(int argc, char** argv) {
 
   rpma_ep* ep = nullptr;
   Defer ep_shutdown{[&] { if (ep) (void)rpma_ep_shutdown(&ep); }};
-  if (listen(peer, addr, port, &ep) != 0) return 1;
+  if (listen_and_print(peer, addr, port, &ep) != 0) return 1;
 
   rpma_conn* conn = nullptr;
   Defer conn_delete{[&] { if (conn) (void)rpma_conn_delete(&conn); }};
-  if (accept(ep, data, &conn) != 0) return 1;
+  if (accept_with(ep, data, &conn) != 0) return 1;
   std::printf("connection established: the client may read %zu bytes\n", sizeof memory);
   if (wait_closed(&conn) != 0) return 1;
 
