@@ -1,7 +1,9 @@
 // A minimal deterministic fake of the provider seam (rpmapp::detail::Provider) for
-// counting instructions of the control path under callgrind. It never allocates: every
+// counting instructions of the control path and the data path under callgrind. It never allocates: every
 // object comes from a fixed pool, events go through a small queue per event channel, and
-// every call that succeeds in real life succeeds here. Each call appends its number to
+// every call that succeeds in real life succeeds here. A posted work request that asks
+// for a completion (signaled send, every receive) completes at once: its ibv_wc waits in
+// one ring that poll_cq reads (one CQ for everything). Each call appends its number to
 // `trace` so that a benchmark can check that two call sequences made the same calls.
 // Single-threaded. Independent of tests/unit (whose fake may change).
 #pragma once
@@ -13,6 +15,7 @@
 #include <netinet/in.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -24,11 +27,15 @@ enum Call : unsigned char {
   c_ack_cm_event, c_migrate_id, c_create_qp, c_destroy_qp, c_accept, c_reject, c_connect,
   c_disconnect, c_get_devices, c_free_devices, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
   c_destroy_comp_channel, c_create_cq, c_destroy_cq, c_req_notify_cq, c_fcntl, c_poll,
+  c_query_device_ex, c_reg_mr, c_dereg_mr, c_advise_mr, c_create_qp_ex, c_post_send, c_post_recv,
+  c_post_srq_recv, c_post_atomic_write, c_poll_cq, c_get_cq_event, c_ack_cq_events, c_create_srq,
+  c_destroy_srq,
 };
 
 inline constexpr int pool_size = 8;
 inline constexpr int queue_size = 8;
 inline constexpr int fd_base = 1000;
+inline constexpr int cq_ring = 64;
 
 struct Queued {
   rdma_cm_id* id;
@@ -59,6 +66,12 @@ struct World {
   rdma_addrinfo info;
   unsigned short next_port;
   rdma_cm_id* listener;  // the last id that listened
+  ibv_srq srq;
+  ibv_mr mrs[pool_size];
+  bool mr_used[pool_size];
+  std::uint32_t next_key;
+  ibv_wc completions[cq_ring];  // what poll_cq returns next
+  int wc_head, wc_count;
   unsigned char trace[256];
   int trace_len;
 };
@@ -77,6 +90,9 @@ inline void reset() {
   world.pd.context = &world.context;
   world.cq.context = &world.context;
   world.qp.qp_num = 42;
+  world.qp.send_cq = world.qp.recv_cq = &world.cq;
+  world.srq.context = &world.context;
+  world.next_key = 0x100;
   world.next_port = 20000;
   for (int i = 0; i < pool_size; ++i) world.channels[i].channel.fd = fd_base + i;
 }
@@ -101,6 +117,33 @@ inline rdma_cm_id* new_id(rdma_event_channel* ch) {
     }
   }
   std::abort();
+}
+
+/// A work request's completion arrives (the ring is the CQ; overflowing it is a bug).
+inline void complete(std::uint64_t wr_id, ibv_wc_opcode opcode, std::uint32_t byte_len) {
+  if (world.wc_count == cq_ring) std::abort();
+  ibv_wc& wc = world.completions[(world.wc_head + world.wc_count++) % cq_ring];
+  wc = ibv_wc{};
+  wc.wr_id = wr_id;
+  wc.status = IBV_WC_SUCCESS;
+  wc.opcode = opcode;
+  wc.byte_len = byte_len;
+  wc.qp_num = world.qp.qp_num;
+}
+
+inline std::uint32_t sge_bytes(const ibv_sge* sg, int n) {
+  std::uint32_t total = 0;
+  for (int i = 0; i < n; ++i) total += sg[i].length;
+  return total;
+}
+
+inline ibv_wc_opcode wc_opcode_of(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    default: return IBV_WC_SEND;
+  }
 }
 
 /// A client's CONNECT_REQUEST arrives on `listener`'s channel.
@@ -334,6 +377,109 @@ inline const rpmapp::detail::Provider provider = {
         if (fds[i].revents) ++ready;
       }
       return ready;
+    },
+    // query_device_ex: no on-demand paging, no native atomic write (as rxe)
+    [](ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex* attr) {
+      note(c_query_device_ex);
+      *attr = ibv_device_attr_ex{};
+      return 0;
+    },
+    // reg_mr
+    [](ibv_pd* pd, void* addr, size_t length, int access) -> ibv_mr* {
+      note(c_reg_mr);
+      for (int i = 0; i < pool_size; ++i) {
+        if (!world.mr_used[i]) {
+          world.mr_used[i] = true;
+          ibv_mr& mr = world.mrs[i];
+          mr = ibv_mr{};
+          mr.context = &world.context;
+          mr.pd = pd;
+          mr.addr = addr;
+          mr.length = length;
+          mr.lkey = mr.rkey = world.next_key++;
+          (void)access;
+          return &mr;
+        }
+      }
+      errno = ENOMEM;
+      return nullptr;
+    },
+    // dereg_mr
+    [](ibv_mr* mr) {
+      note(c_dereg_mr);
+      world.mr_used[mr - world.mrs] = false;
+      return 0;
+    },
+    // advise_mr
+    [](ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t) {
+      note(c_advise_mr);
+      return 0;
+    },
+    // create_qp_ex
+    [](rdma_cm_id* id, ibv_qp_init_attr_ex*) {
+      note(c_create_qp_ex);
+      id->qp = &world.qp;
+      return 0;
+    },
+    // post_send: each signaled work request completes at once
+    [](ibv_qp*, ibv_send_wr* wr, ibv_send_wr**) {
+      note(c_post_send);
+      for (; wr != nullptr; wr = wr->next)
+        if (wr->send_flags & IBV_SEND_SIGNALED)
+          complete(wr->wr_id, wc_opcode_of(wr->opcode), sge_bytes(wr->sg_list, wr->num_sge));
+      return 0;
+    },
+    // post_recv: each receive completes at once, as if a message had arrived
+    [](ibv_qp*, ibv_recv_wr* wr, ibv_recv_wr**) {
+      note(c_post_recv);
+      for (; wr != nullptr; wr = wr->next) complete(wr->wr_id, IBV_WC_RECV, sge_bytes(wr->sg_list, wr->num_sge));
+      return 0;
+    },
+    // post_srq_recv
+    [](ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr**) {
+      note(c_post_srq_recv);
+      for (; wr != nullptr; wr = wr->next) complete(wr->wr_id, IBV_WC_RECV, sge_bytes(wr->sg_list, wr->num_sge));
+      return 0;
+    },
+    // post_atomic_write
+    [](ibv_qp*, uint64_t wr_id, unsigned flags, uint32_t, uint64_t, const void*) {
+      note(c_post_atomic_write);
+      if (flags & IBV_SEND_SIGNALED) complete(wr_id, IBV_WC_ATOMIC_WRITE, 8);
+      return 0;
+    },
+    // poll_cq: up to n completions from the ring
+    [](ibv_cq*, int n, ibv_wc* out) {
+      note(c_poll_cq);
+      int got = 0;
+      for (; got < n && world.wc_count > 0; ++got) {
+        out[got] = world.completions[world.wc_head];
+        world.wc_head = (world.wc_head + 1) % cq_ring;
+        --world.wc_count;
+      }
+      return got;
+    },
+    // get_cq_event: the one CQ, when something waits in it
+    [](ibv_comp_channel*, ibv_cq** cq, void** ctx) {
+      note(c_get_cq_event);
+      if (world.wc_count == 0) {
+        errno = EAGAIN;
+        return -1;
+      }
+      *cq = &world.cq;
+      *ctx = nullptr;
+      return 0;
+    },
+    // ack_cq_events
+    [](ibv_cq*, unsigned) { note(c_ack_cq_events); },
+    // create_srq
+    [](ibv_pd*, ibv_srq_init_attr*) -> ibv_srq* {
+      note(c_create_srq);
+      return &world.srq;
+    },
+    // destroy_srq
+    [](ibv_srq*) {
+      note(c_destroy_srq);
+      return 0;
     },
 };
 

@@ -17,7 +17,7 @@ BENCH_NAMES = {
     "listen": "1. listen + shutdown",
     "seq": "2. sequential setup",
     "conc": "3. concurrent setup",
-    "instr": "4. control path, fake provider",
+    "instr": "4. instructions, fake provider",
     "compile": "5. compile cost",
 }
 ORDER = ["listen", "seq", "conc", "instr", "compile"]
