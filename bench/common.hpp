@@ -90,18 +90,21 @@ inline const char* env_or(const char* name, const char* fallback) {
 }
 
 inline constexpr std::array<const char*, 3> variants = {"rpmapp", "librpma", "raw"};
+/// The data-path benchmark's third implementation: verbs written by hand.
+inline constexpr std::array<const char*, 3> data_variants = {"rpmapp", "librpma", "hand"};
 
 /// Runs one warm-up round (not reported), then `reps` rounds; in round i the variants
 /// run in the order i, i+1, i+2 (mod 3), back to back. Each function returns the value
 /// of one repetition (e.g. ns per cycle) and is printed as an R line.
 inline void interleave(const char* bench, const std::string& param, const char* metric, int reps,
-                       const std::array<std::function<double()>, 3>& run) {
+                       const std::array<std::function<double()>, 3>& run,
+                       const std::array<const char*, 3>& names = variants) {
   for (auto& f : run) (void)f();
   for (int rep = 0; rep < reps; ++rep) {
     for (int k = 0; k < 3; ++k) {
       const int v = (rep + k) % 3;
       const double value = run[v]();
-      std::printf("R\t%s\t%s\t%s\t%s\t%d\t%.6g\n", bench, param.c_str(), metric, variants[v], rep,
+      std::printf("R\t%s\t%s\t%s\t%s\t%d\t%.6g\n", bench, param.c_str(), metric, names[v], rep,
                   value);
       std::fflush(stdout);
     }

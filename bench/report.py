@@ -19,8 +19,10 @@ BENCH_NAMES = {
     "conc": "3. concurrent setup",
     "instr": "4. instructions, fake provider",
     "compile": "5. compile cost",
+    "data": "6. data path",
 }
-ORDER = ["listen", "seq", "conc", "instr", "compile"]
+ORDER = ["listen", "seq", "conc", "instr", "compile", "data"]
+HIGHER_BETTER = {"conn/s", "MB/s"}
 
 
 def read(files):
@@ -108,7 +110,7 @@ def rows(groups):
         g = groups[key]
         if "rpmapp" not in g:
             continue
-        higher_better = metric == "conn/s"
+        higher_better = metric in HIGHER_BETTER
         second = "hand" if "hand" in g else "raw"
         cells = {}
         for v in ("rpmapp", "librpma", second):
@@ -168,11 +170,13 @@ def slower_list(table):
 LEGEND = """Values: median of the repetitions, ± half their range in % of the median. Ratios:
 rpmapp's value over the anchor's in the same repetition (the variants ran back to back,
 rotating which went first), median [min–max] of those paired ratios. ↑ = higher is better
-(connections/s: a ratio above 1 means rpmapp is faster), ↓ = lower is better (ns, Ir,
-seconds, MB: a ratio below 1 means rpmapp is cheaper). "slower"/"faster" marks a median more
-than 3% off 1; "(every rep)" when every paired ratio agrees. Row 4 compares rpmapp with a
-hand-written sequence making the same provider calls through the same fake (its column is
-"raw librdmacm"); row 5 compares with librpma only."""
+(connections/s, MB/s: a ratio above 1 means rpmapp is faster), ↓ = lower is better (ns, µs,
+Ir, seconds, MB: a ratio below 1 means rpmapp is cheaper). "slower"/"faster" marks a median
+more than 3% off 1; "(every rep)" when every paired ratio agrees. Rows 4 and 6 compare
+rpmapp with hand-written code (marked "(hand)" in the "raw librdmacm" column): in row 4 a
+sequence making the same provider calls through the same fake, in row 6 verbs
+(ibv_post_send / ibv_post_recv / ibv_poll_cq) on a connection made with librdmacm; row 5
+compares with librpma only."""
 
 
 SYSCALL_LEGEND = """Client and server together, per sequential connection (connect, established,
@@ -209,14 +213,15 @@ def main():
         f"- Date: {meta.get('date', '?')}, commit {meta.get('commit', '?')}",
         f"- Host: {meta.get('cpu', '?')}, {meta.get('host_cpus', '?')} cores shared with other "
         f"jobs, kernel {meta.get('host_kernel', '?')}, {meta.get('compiler', '?')}",
-        f"- RDMA (rows 1-3): {meta.get('rdma_device', '?')}, guest kernel "
+        f"- RDMA (rows 1-3 and 6): {meta.get('rdma_device', '?')}, guest kernel "
         f"{meta.get('guest_kernel', '?')}, {meta.get('guest_cpus', '?')} vCPUs. The VM runs "
         "under TCG (software emulation, no KVM on this host): CPU-bound work runs about 5x "
         "slower than on the host, so absolute numbers say little about real hardware; the "
         "ratios are what to read.",
         "- Rows 4-5 ran on the host.",
         f"- Parameters: {meta.get('params', '?')}",
-        f"- Whole run (build included): {meta.get('elapsed', '?')} s",
+        f"- Whole run (build included): {meta.get('elapsed', '?')} s; host load average "
+        f"{meta.get('host_load', '?')}",
     ]
     with open(args.doc, "w") as f:
         f.write("# Performance\n\n")
