@@ -36,23 +36,30 @@ inline const char* usage_name(MrUsage bit) noexcept {
   return "?";
 }
 
+/// Why local_sge refuses [offset, offset + len) of `mr` (its checks in the same order).
+/// Out of line and cold: the success path of every operation stays small and inlined.
+[[gnu::cold, gnu::noinline]] inline Error local_sge_error(const char* call, const MrLocal& mr,
+                                                         std::size_t offset, std::size_t len,
+                                                         MrUsage need, const ibv_pd* pd) noexcept {
+  const ibv_mr* raw = MrAccess::get(mr);
+  if (raw == nullptr)
+    return Error(errc::inval, 0, call, "the local region is empty (moved from or deregistered)");
+  if (raw->pd != pd) return Error(errc::inval, 0, call, "the local region is registered on another Peer");
+  if (!in_bounds(offset, len, raw->length))
+    return invalid(call, "local range [{}, +{}) is not within the {}-byte region", offset, len, raw->length);
+  if (len > 0xffffffffu) return invalid(call, "length {} is over the 4 GiB a work request carries", len);
+  return invalid(call, "the local region is not registered for {}", usage_name(need));
+}
+
 /// The scatter/gather entry for [offset, offset + len) of `mr`, registered on `pd` for `need`.
 /// Errors: inval (empty region, another protection domain, out of bounds, over 4 GiB,
 /// usage missing).
 inline expected<ibv_sge> local_sge(const char* call, const MrLocal& mr, std::size_t offset,
                                    std::size_t len, MrUsage need, const ibv_pd* pd) noexcept {
   const ibv_mr* raw = MrAccess::get(mr);
-  if (raw == nullptr) [[unlikely]]
-    return fail(Error(errc::inval, 0, call, "the local region is empty (moved from or deregistered)"));
-  if (raw->pd != pd) [[unlikely]]
-    return fail(Error(errc::inval, 0, call, "the local region is registered on another Peer"));
-  if (!in_bounds(offset, len, raw->length)) [[unlikely]]
-    return fail(invalid(call, "local range [{}, +{}) is not within the {}-byte region", offset, len,
-                        raw->length));
-  if (len > 0xffffffffu) [[unlikely]]
-    return fail(invalid(call, "length {} is over the 4 GiB a work request carries", len));
-  if (!has(MrAccess::usage(mr), need)) [[unlikely]]
-    return fail(invalid(call, "the local region is not registered for {}", usage_name(need)));
+  if (raw == nullptr || raw->pd != pd || !in_bounds(offset, len, raw->length) ||
+      len > 0xffffffffu || !has(MrAccess::usage(mr), need)) [[unlikely]]
+    return fail(local_sge_error(call, mr, offset, len, need, pd));
   ibv_sge sge;
   sge.addr = reinterpret_cast<std::uintptr_t>(raw->addr) + offset;
   sge.length = static_cast<std::uint32_t>(len);
@@ -60,19 +67,25 @@ inline expected<ibv_sge> local_sge(const char* call, const MrLocal& mr, std::siz
   return sge;
 }
 
+/// Why check_remote refuses [offset, offset + len) of `mr` (its checks in the same order).
+[[gnu::cold, gnu::noinline]] inline Error remote_error(const char* call, const MrRemote& mr,
+                                                      std::size_t offset, std::size_t len,
+                                                      MrUsage need) noexcept {
+  if (!mr) return Error(errc::inval, 0, call, "the remote region is empty");
+  if (!in_bounds(offset, len, mr.size()))
+    return invalid(call, "remote range [{}, +{}) is not within the peer's {}-byte region", offset,
+                   len, mr.size());
+  if (len > 0xffffffffu) return invalid(call, "length {} is over the 4 GiB a work request carries", len);
+  return invalid(call, "the peer did not register the remote region for {}", usage_name(need));
+}
+
 /// Checks [offset, offset + len) of the peer's region and the usage `need`.
 /// Errors: inval (empty region, out of bounds, usage missing).
 inline expected<void> check_remote(const char* call, const MrRemote& mr, std::size_t offset,
                                    std::size_t len, MrUsage need) noexcept {
-  if (!mr) [[unlikely]]
-    return fail(Error(errc::inval, 0, call, "the remote region is empty"));
-  if (!in_bounds(offset, len, mr.size())) [[unlikely]]
-    return fail(invalid(call, "remote range [{}, +{}) is not within the peer's {}-byte region",
-                        offset, len, mr.size()));
-  if (len > 0xffffffffu) [[unlikely]]
-    return fail(invalid(call, "length {} is over the 4 GiB a work request carries", len));
-  if (!has(mr.usage(), need)) [[unlikely]]
-    return fail(invalid(call, "the peer did not register the remote region for {}", usage_name(need)));
+  if (!mr || !in_bounds(offset, len, mr.size()) || len > 0xffffffffu || !has(mr.usage(), need))
+      [[unlikely]]
+    return fail(remote_error(call, mr, offset, len, need));
   return {};
 }
 
