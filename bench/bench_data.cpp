@@ -57,6 +57,19 @@ void expect_same(const std::byte* a, const std::byte* b, std::size_t n, const ch
   if (std::memcmp(a, b, n) != 0) die(what, "the bytes differ from the peer's");
 }
 
+// Teardown waits at most this long for a disconnect's events (the results are out by
+// then): a missing one is reported on stderr and the connection is released anyway.
+constexpr int teardown_wait_ms = 10000;
+
+bool readable_within(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) > 0;
+}
+
+void late(const char* who, const char* what) {
+  std::fprintf(stderr, "bench_data: %s: no %s within %d ms; released anyway\n", who, what, teardown_wait_ms);
+}
+
 void check_wc(const ibv_wc& wc, const char* who) {
   if (wc.status != IBV_WC_SUCCESS) die(who, std::string("completion failed: ") + ibv_wc_status_str(wc.status));
 }
@@ -97,15 +110,21 @@ struct RpmappImpl {
         must(server.next_event(), "Conn::next_event") != rpmapp::ConnEvent::established)
       die("rpmapp", "not established");
   }
+  // The server side's closed event first: releasing it answers the disconnect (DREP),
+  // which the client side's closed event waits for.
   ~RpmappImpl() {
     must(client.disconnect(), "Conn::disconnect");
-    if (must(client.next_event(), "next_event") != rpmapp::ConnEvent::closed ||
-        must(server.next_event(), "next_event") != rpmapp::ConnEvent::closed)
-      die("rpmapp", "not closed");
+    for (rpmapp::Conn* c : {&server, &client}) {
+      auto ev = c->next_event_for(std::chrono::milliseconds(teardown_wait_ms));
+      if (!ev && ev.error().code() == rpmapp::errc::no_event) late("rpmapp", "closed event");
+      else if (must(std::move(ev), "Conn::next_event_for") != rpmapp::ConnEvent::closed) die("rpmapp", "not closed");
+      if (c == &server) {
+        must(std::move(smr).dereg(), "dereg");
+        must(std::move(server).close(), "Conn::close");
+      }
+    }
     must(std::move(cmr).dereg(), "dereg");
-    must(std::move(smr).dereg(), "dereg");
     must(std::move(client).close(), "Conn::close");
-    must(std::move(server).close(), "Conn::close");
     must(std::move(ep).shutdown(), "Endpoint::shutdown");
   }
 
@@ -181,16 +200,23 @@ struct LibrpmaImpl {
     check(rpma_conn_get_cq(client, &ccq), "rpma_conn_get_cq");
     check(rpma_conn_get_cq(server, &scq), "rpma_conn_get_cq");
   }
-  ~LibrpmaImpl() {
+  ~LibrpmaImpl() {  // the server side first, as RpmappImpl's
     check(rpma_conn_disconnect(client), "rpma_conn_disconnect");
-    rpma_conn_event ev{};
-    check(rpma_conn_next_event(client, &ev), "rpma_conn_next_event");
-    check(rpma_conn_next_event(server, &ev), "rpma_conn_next_event");
+    for (rpma_conn** c : {&server, &client}) {
+      int fd = -1;
+      check(rpma_conn_get_event_fd(*c, &fd), "rpma_conn_get_event_fd");
+      if (readable_within(fd, teardown_wait_ms)) {
+        rpma_conn_event ev{};
+        check(rpma_conn_next_event(*c, &ev), "rpma_conn_next_event");
+        if (ev != RPMA_CONN_CLOSED) die("librpma", "not closed");
+      } else {
+        late("librpma", "closed event");
+      }
+      check(rpma_conn_delete(c), "rpma_conn_delete");
+    }
     check(rpma_mr_remote_delete(&remote), "rpma_mr_remote_delete");
     check(rpma_mr_dereg(&cmr), "rpma_mr_dereg");
     check(rpma_mr_dereg(&smr), "rpma_mr_dereg");
-    check(rpma_conn_delete(&client), "rpma_conn_delete");
-    check(rpma_conn_delete(&server), "rpma_conn_delete");
     check(rpma_ep_shutdown(&ep), "rpma_ep_shutdown");
   }
 
@@ -301,18 +327,21 @@ struct HandImpl {
     raddr = reinterpret_cast<std::uintptr_t>(smem.data());
     rkey = smr->rkey;
   }
-  ~HandImpl() {
+  void release(Side& s) {
+    rdma_destroy_qp(s.id);
+    check(ibv_destroy_cq(s.cq), "ibv_destroy_cq");
+    check(ibv_destroy_comp_channel(s.channel), "ibv_destroy_comp_channel");
+    check(rdma_destroy_id(s.id), "rdma_destroy_id");
+  }
+  ~HandImpl() {  // the server side first, as RpmappImpl's
     check(rdma_disconnect(client.id), "rdma_disconnect");
-    next_event(cch, RDMA_CM_EVENT_DISCONNECTED);
-    next_event(lch, RDMA_CM_EVENT_DISCONNECTED);
+    for (rdma_event_channel* ch : {lch, cch}) {
+      if (readable_within(ch->fd, teardown_wait_ms)) next_event(ch, RDMA_CM_EVENT_DISCONNECTED);
+      else late("hand-written", "DISCONNECTED event");
+      release(ch == lch ? server : client);
+    }
     check(ibv_dereg_mr(cmr), "ibv_dereg_mr");
     check(ibv_dereg_mr(smr), "ibv_dereg_mr");
-    for (Side* s : {&client, &server}) {
-      rdma_destroy_qp(s->id);
-      check(ibv_destroy_cq(s->cq), "ibv_destroy_cq");
-      check(ibv_destroy_comp_channel(s->channel), "ibv_destroy_comp_channel");
-      check(rdma_destroy_id(s->id), "rdma_destroy_id");
-    }
     check(rdma_destroy_id(listener), "rdma_destroy_id");
     rdma_destroy_event_channel(cch);
     rdma_destroy_event_channel(lch);
@@ -515,6 +544,7 @@ int main(int argc, char** argv) {
                data_variants);
     step("teardown");
   }
+  std::fprintf(stderr, "bench_data: released\n");
   alarm(0);
   check(ibv_dealloc_pd(pd), "ibv_dealloc_pd");
   check(rpma_peer_delete(&rpeer), "rpma_peer_delete");
