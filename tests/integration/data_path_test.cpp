@@ -23,7 +23,6 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
 #include <span>
 #include <string>
@@ -67,17 +66,25 @@ constexpr MrUsage client_usage = MrUsage::read_dst | MrUsage::write_src | MrUsag
 
 using Bytes = std::vector<std::byte>;
 
-// Pseudo-random bytes: a misplaced or shifted copy never matches by chance.
-void fill(std::span<std::byte> out, std::uint32_t seed) {
-  std::minstd_rand gen(seed + 1);
-  for (auto& b : out) b = static_cast<std::byte>(gen() >> 7);
+// Pseudo-random bytes (splitmix64, 8 at a time: fast enough for 1 MiB under emulation): a
+// misplaced or shifted copy never matches by chance.
+void fill(std::span<std::byte> out, std::uint64_t seed) {
+  std::uint64_t state = seed * 0x9e3779b97f4a7c15u;
+  for (std::size_t at = 0; at < out.size(); at += 8) {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    z ^= z >> 31;
+    std::memcpy(out.data() + at, &z, std::min<std::size_t>(8, out.size() - at));
+  }
 }
 
 // The index of the first byte where `a` and `b` differ; -1 when they are equal.
 long first_difference(std::span<const std::byte> a, std::span<const std::byte> b) {
   if (a.size() != b.size()) return static_cast<long>(std::min(a.size(), b.size()));
+  if (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0) return -1;
   auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin());
-  return ia == a.end() ? -1 : static_cast<long>(ia - a.begin());
+  return static_cast<long>(ia - a.begin());
 }
 
 // `before` with `n` bytes of `from` at `from_offset` copied in at `at`.
@@ -311,11 +318,11 @@ TEST_CASE("atomic_write puts 8 bytes at an aligned offset and nothing else", "[d
   for (std::size_t offset : {std::size_t{0}, std::size_t{8}, 8 * std::size_t{1000}, region_size - 8}) {
     INFO("offset " << offset);
     std::array<std::byte, 8> value{};
-    fill(value, static_cast<std::uint32_t>(offset + 12));
+    fill(value, offset + 12);
     MUST(link.client.atomic_write(link.remote, offset, value, Completion::always, ++id));
     value.fill(std::byte{0});  // copied when posted
     expect_done(next_wc(cq_of(link.client), "client"), opcode, id);
-    fill(std::span(expected).subspan(offset, 8), static_cast<std::uint32_t>(offset + 12));
+    fill(std::span(expected).subspan(offset, 8), offset + 12);
     CHECK(first_difference(link.server_mem, expected) == -1);
   }
   // Unaligned or out of the region: inval, nothing posted.
@@ -738,10 +745,15 @@ TEST_CASE("a shared completion channel: one fd, wait_completion says which queue
 
 TEST_CASE("disconnect with work in flight: every signaled work request completes or is flushed",
           "[data][disconnect]") {
-  constexpr int transfers = 8;  // of each: writes, reads (1 MiB each)
+  constexpr int transfers = 8;  // of each: writes, reads
+  constexpr std::size_t transfer_size = 8 * MiB;  // long enough to be in flight at disconnect
   constexpr int receives = 4;   // on each side, never matched by a send
   const ConnConfig cfg{.cq_size = 64, .sq_size = 2 * transfers, .rq_size = receives};
   Link link(cfg, cfg);
+  Bytes server_big(transfer_size), client_big(transfer_size);
+  MrLocal server_big_mr = MUST(MrLocal::reg(link.server_peer, server_big, MrUsage::read_src | MrUsage::write_dst));
+  MrLocal client_big_mr = MUST(MrLocal::reg(link.client_peer, client_big, MrUsage::read_dst | MrUsage::write_src));
+  const MrRemote remote_big = MUST(MrRemote::from_descriptor(MUST(server_big_mr.descriptor())));
   std::set<std::uint64_t> client_ids, server_ids;
   for (int i = 0; i < receives; ++i) {
     MUST(link.client.recv(link.client_mr, 0, 64, 0x300 + i));
@@ -749,9 +761,12 @@ TEST_CASE("disconnect with work in flight: every signaled work request completes
     MUST(link.server.recv(link.server_mr, 0, 64, 0x400 + i));
     server_ids.insert(0x400 + i);
   }
+  // The first ones small, so that some are likely done before the disconnect, the rest
+  // large, so that some are likely still in flight; either way each must complete once.
   for (int i = 0; i < transfers; ++i) {
-    MUST(link.client.write(link.remote, 0, link.client_mr, 0, MiB, Completion::always, 0x100 + i));
-    MUST(link.client.read(link.client_mr, 0, link.remote, 0, MiB, Completion::always, 0x200 + i));
+    const std::size_t n = i < 2 ? 4 * KiB : transfer_size;
+    MUST(link.client.write(remote_big, 0, client_big_mr, 0, n, Completion::always, 0x100 + i));
+    MUST(link.client.read(client_big_mr, 0, remote_big, 0, n, Completion::always, 0x200 + i));
     client_ids.insert(0x100 + i);
     client_ids.insert(0x200 + i);
   }
@@ -792,6 +807,8 @@ TEST_CASE("disconnect with work in flight: every signaled work request completes
   CHECK(qp_state(link.client) == IBV_QPS_ERR);
   MUST(std::move(link.client).close());
   MUST(std::move(link.server).close());
+  MUST(std::move(client_big_mr).dereg());
+  MUST(std::move(server_big_mr).dereg());
   MUST(std::move(link.client_mr).dereg());
   MUST(std::move(link.server_mr).dereg());
 }
