@@ -141,8 +141,8 @@ ibv_qp_state qp_state(const Conn& conn) {
 
 // A server and a client connection on one address, each side with its own Peer and a
 // registered region of region_size bytes. The server accepts with its region's
-// descriptor followed by its PeerConfig's (as a librpma server sends them); the client
-// turns them into `remote` and `remote_config`.
+// descriptor followed by its PeerConfig's (the two descriptors a librpma server sends);
+// the client turns them into `remote` and `remote_config`.
 struct Link {
   explicit Link(const ConnConfig& client_cfg = {}, const ConnConfig& server_cfg = {},
                 PeerConfig server_config = PeerConfig{true})
