@@ -329,7 +329,9 @@ TEST_CASE("ConnReq::reject: each provider call fails in turn", "[conn_req][fail-
   for (std::uint32_t rcq : {0u, 4u}) {
     std::vector<std::string> calls = {"rdma_reject", "rdma_destroy_qp", "ibv_destroy_cq"};
     if (rcq) calls.push_back("ibv_destroy_cq");
-    calls.insert(calls.end(), {"ibv_destroy_comp_channel", "rdma_destroy_id",
+    calls.push_back("ibv_destroy_comp_channel");
+    if (rcq) calls.push_back("ibv_destroy_comp_channel");  // the receive CQ's own channel
+    calls.insert(calls.end(), {"rdma_destroy_id",
                                "rdma_destroy_event_channel"});
     fail_each_call(calls, kErr, [&](fake::FakeProvider& fake, Probe& probe) {
       Peer peer = open_peer(fake);

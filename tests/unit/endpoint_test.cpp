@@ -245,7 +245,8 @@ TEST_CASE("Endpoint::next_conn_req: each provider call fails in turn", "[endpoin
       auto calls = request_calls;
       if (rcq != 0) {
         auto at = std::find(calls.begin(), calls.end(), "rdma_create_qp");
-        calls.insert(at, {"ibv_create_cq", "ibv_req_notify_cq"});
+        // the receive CQ has its own completion channel unless shared_completion_channel
+        calls.insert(at, {"ibv_create_comp_channel", "ibv_create_cq", "ibv_req_notify_cq"});
       }
       for (int err : {kErr, ENOMEM}) {
         fail_each_call(calls, err, [&](fake::FakeProvider& fake, Probe& probe) {

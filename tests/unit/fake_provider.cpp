@@ -113,7 +113,7 @@ std::string Sent::text() const {
 
 bool cannot_fail(std::string_view call) {
   return call == "rdma_destroy_event_channel" || call == "rdma_freeaddrinfo" ||
-         call == "rdma_destroy_qp" || call == "rdma_free_devices";
+         call == "rdma_destroy_qp" || call == "rdma_free_devices" || call == "ibv_ack_cq_events";
 }
 
 std::vector<std::pair<std::string, int>> failable_calls(const std::vector<std::string>& log) {
@@ -397,6 +397,12 @@ struct FakeProvider::Impl {
       f().created("cm_id");
       data.child = nullptr;
     }
+    // The connecting side's queue pair is moved to RTS when librdmacm handles the reply.
+    if (ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id != nullptr && ev->id->qp != nullptr &&
+        f().qps_.count(ev->id->qp) && f().qps_[ev->id->qp].state == QpState::init) {
+      f().qps_[ev->id->qp].state = QpState::rts;
+      ev->id->qp->state = IBV_QPS_RTS;
+    }
     f().unacked_.insert(ev);
     f().created("unacked_event");
     *out = ev;
@@ -444,12 +450,13 @@ struct FakeProvider::Impl {
     return 0;
   }
 
-  static int create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
-    auto lock = f().lock();
-    if (fails("rdma_create_qp")) return -1;
-    if (!id_ok(id, "rdma_create_qp")) return -1;
-    if (!f().pds_.count(pd) || attr == nullptr || id->qp != nullptr) {
-      f().note("rdma_create_qp: bad pd, attributes, or the id already has a qp");
+  // rdma_create_qp and rdma_create_qp_ex: librdmacm's checks, then ibv_create_qp's.
+  static int make_qp(const char* call, rdma_cm_id* id, ibv_pd* pd, ibv_cq* send_cq,
+                     ibv_cq* recv_cq, ibv_srq* srq, ibv_qp_cap& cap, ibv_qp_type type,
+                     bool atomic_write) {
+    if (!id_ok(id, call)) return -1;
+    if (!f().pds_.count(pd) || id->qp != nullptr) {
+      f().note(std::string(call) + ": bad pd, attributes, or the id already has a qp");
       errno = EINVAL;
       return -1;
     }
@@ -457,23 +464,73 @@ struct FakeProvider::Impl {
       errno = EINVAL;
       return -1;
     }
-    if (!f().cqs_.count(attr->send_cq) || !f().cqs_.count(attr->recv_cq)) {
-      f().note("rdma_create_qp: completion queue not alive");
+    if (!f().cqs_.count(send_cq) || !f().cqs_.count(recv_cq)) {
+      f().note(std::string(call) + ": completion queue not alive");
+      errno = EINVAL;
+      return -1;
+    }
+    if (srq != nullptr && (!f().srqs_.count(srq) || srq->pd != pd)) {
+      f().note(std::string(call) + ": shared receive queue not alive or on another pd");
+      errno = EINVAL;
+      return -1;
+    }
+    const int device = f().device_of_context(id->verbs);
+    if (atomic_write && !(f().caps_[device].device_cap_flags_ex & DeviceCaps::atomic_write_flag)) {
+      errno = EOPNOTSUPP;
+      return -1;
+    }
+    if (cap.max_send_wr == 0 || (srq == nullptr && cap.max_recv_wr == 0) || cap.max_inline_data > 256) {
       errno = EINVAL;
       return -1;
     }
     auto* qp = new ibv_qp{};
     qp->context = id->verbs;
     qp->pd = pd;
-    qp->send_cq = attr->send_cq;
-    qp->recv_cq = attr->recv_cq;
+    qp->send_cq = send_cq;
+    qp->recv_cq = recv_cq;
+    qp->srq = srq;
     qp->qp_num = f().next_qp_num_++;
-    qp->qp_type = attr->qp_type;
+    qp->qp_type = type;
+    qp->state = IBV_QPS_INIT;  // librdmacm moves it to INIT
     id->qp = qp;
-    f().qps_.insert(qp);
+    if (srq != nullptr) cap.max_recv_wr = 0;
+    auto& info = f().qps_[qp];
+    info.cap = cap;
+    info.atomic_write = atomic_write;
     f().qp_pd[qp->qp_num] = pd;
-    f().last_qp_attr = *attr;
     f().created("qp");
+    return 0;
+  }
+
+  static int create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
+    auto lock = f().lock();
+    if (fails("rdma_create_qp")) return -1;
+    if (attr == nullptr) {
+      f().note("rdma_create_qp: no attributes");
+      errno = EINVAL;
+      return -1;
+    }
+    if (make_qp("rdma_create_qp", id, pd, attr->send_cq, attr->recv_cq, attr->srq, attr->cap,
+                attr->qp_type, false) != 0)
+      return -1;
+    f().last_qp_attr = *attr;
+    return 0;
+  }
+
+  static int create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
+    auto lock = f().lock();
+    if (fails("rdma_create_qp_ex")) return -1;
+    if (attr == nullptr || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+      f().note("rdma_create_qp_ex: no attributes or no pd in comp_mask");
+      errno = EINVAL;
+      return -1;
+    }
+    const bool atomic_write = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+                              (attr->send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE);
+    if (make_qp("rdma_create_qp_ex", id, attr->pd, attr->send_cq, attr->recv_cq, attr->srq,
+                attr->cap, attr->qp_type, atomic_write) != 0)
+      return -1;
+    f().last_qp_attr_ex = *attr;
     return 0;
   }
 
@@ -483,6 +540,7 @@ struct FakeProvider::Impl {
     if (!f().ids_.count(id)) return f().note("rdma_destroy_qp: cm_id not alive");
     if (id->qp == nullptr || !f().qps_.erase(id->qp))
       return f().note("rdma_destroy_qp: the cm_id has no queue pair");
+    // Its outstanding work requests go with it (nothing reaches the CQs).
     delete id->qp;
     id->qp = nullptr;
     f().destroyed("qp");
@@ -498,6 +556,10 @@ struct FakeProvider::Impl {
     if (fails("rdma_accept")) return -1;
     if (!id_ok(id, "rdma_accept")) return -1;
     if (param) f().last_conn_param = *param;
+    if (id->qp != nullptr && f().qps_.count(id->qp)) {  // librdmacm: RTR, then RTS
+      f().qps_[id->qp].state = QpState::rts;
+      id->qp->state = IBV_QPS_RTS;
+    }
     f().accepts.push_back({id, param ? bytes(param->private_data, param->private_data_len)
                                      : std::vector<std::byte>()});
     return 0;
@@ -529,6 +591,7 @@ struct FakeProvider::Impl {
     auto lock = f().lock();
     if (fails("rdma_disconnect")) return -1;
     if (!id_ok(id, "rdma_disconnect")) return -1;
+    if (id->qp != nullptr && f().qps_.count(id->qp)) f().flush_qp(id->qp);  // ucma_modify_qp_err
     f().disconnects.push_back(id);
     return 0;
   }
@@ -579,9 +642,19 @@ struct FakeProvider::Impl {
       f().note("ibv_dealloc_pd: pd not alive");
       return EINVAL;
     }
-    for (ibv_qp* qp : f().qps_)
+    for (auto& [qp, info] : f().qps_)
       if (qp->pd == pd) {
         f().note("ibv_dealloc_pd: a queue pair still uses the pd");
+        return EBUSY;
+      }
+    for (auto& [mr, access] : f().mrs_)  // the kernel's EBUSY: the pd is still in use
+      if (mr->pd == pd) {
+        f().note("ibv_dealloc_pd: a memory region is still registered on the pd");
+        return EBUSY;
+      }
+    for (auto& [srq, info] : f().srqs_)
+      if (srq->pd == pd) {
+        f().note("ibv_dealloc_pd: a shared receive queue still uses the pd");
         return EBUSY;
       }
     f().pds_.erase(pd);
@@ -601,7 +674,7 @@ struct FakeProvider::Impl {
     auto* ch = new ibv_comp_channel{};
     ch->context = ctx;
     ch->fd = f().next_fd_++;
-    f().comp_channels_.insert(ch);
+    f().comp_channels_[ch];
     f().created("comp_channel");
     return ch;
   }
@@ -640,7 +713,7 @@ struct FakeProvider::Impl {
     cq->cq_context = cq_context;
     cq->cqe = cqe;
     if (ch) ++ch->refcnt;
-    f().cqs_.insert(cq);
+    f().cqs_[cq];
     f().created("cq");
     return cq;
   }
@@ -653,12 +726,21 @@ struct FakeProvider::Impl {
       f().note("ibv_destroy_cq: cq not alive");
       return EINVAL;
     }
-    for (ibv_qp* qp : f().qps_)
+    for (auto& [qp, info] : f().qps_)
       if (qp->send_cq == cq || qp->recv_cq == cq) {
         f().note("ibv_destroy_cq: a queue pair still uses the cq");
         return EBUSY;
       }
-    if (cq->channel) --cq->channel->refcnt;
+    if (unsigned n = f().cqs_[cq].unacked; n != 0) {  // the real call blocks forever
+      f().note("ibv_destroy_cq: " + std::to_string(n) +
+               " completion event(s) not acknowledged (would block forever)");
+      f().alive_["unacked_cq_event"] -= n;
+    }
+    if (cq->channel) {
+      --cq->channel->refcnt;
+      auto& events = f().comp_channels_[cq->channel].events;  // the kernel drops them
+      events.erase(std::remove(events.begin(), events.end(), cq), events.end());
+    }
     f().cqs_.erase(cq);
     f().destroyed("cq");
     delete cq;
@@ -673,6 +755,7 @@ struct FakeProvider::Impl {
       f().note("ibv_req_notify_cq: cq not alive");
       return EINVAL;
     }
+    f().cqs_[cq].armed = true;
     return 0;
   }
 
@@ -680,14 +763,16 @@ struct FakeProvider::Impl {
     auto lock = f().lock();
     if (fails("fcntl")) return -1;
     auto* ch = f().channel_by_fd(fd);
-    if (ch == nullptr) {
+    auto* comp = ch == nullptr ? f().comp_by_fd(fd) : nullptr;
+    if (ch == nullptr && comp == nullptr) {
       f().note("fcntl: not the fd of a live event channel");
       errno = EBADF;
       return -1;
     }
-    if (cmd == F_GETFL) return O_RDWR | (ch->nonblocking ? O_NONBLOCK : 0);
+    bool& nonblocking = ch != nullptr ? ch->nonblocking : comp->nonblocking;
+    if (cmd == F_GETFL) return O_RDWR | (nonblocking ? O_NONBLOCK : 0);
     if (cmd == F_SETFL) {
-      ch->nonblocking = (arg & O_NONBLOCK) != 0;
+      nonblocking = (arg & O_NONBLOCK) != 0;
       return 0;
     }
     f().note("fcntl: a command the fake does not model");
@@ -699,15 +784,18 @@ struct FakeProvider::Impl {
     auto lock = f().lock();
     if (fails("poll")) return -1;
     for (nfds_t i = 0; i < n; ++i)
-      if (f().channel_by_fd(fds[i].fd) == nullptr)
+      if (f().channel_by_fd(fds[i].fd) == nullptr && f().comp_by_fd(fds[i].fd) == nullptr)
         f().note("poll: not the fd of a live event channel");
     auto count = [&] {
       int ready = 0;
       for (nfds_t i = 0; i < n; ++i) {
         fds[i].revents = 0;
         auto* ch = f().channel_by_fd(fds[i].fd);
-        if (ch == nullptr) fds[i].revents = POLLNVAL;
-        else if (!ch->queue.empty() && (fds[i].events & POLLIN)) fds[i].revents = POLLIN;
+        auto* comp = ch == nullptr ? f().comp_by_fd(fds[i].fd) : nullptr;
+        if (ch == nullptr && comp == nullptr) fds[i].revents = POLLNVAL;
+        else if (ch != nullptr && !ch->queue.empty() && (fds[i].events & POLLIN)) fds[i].revents = POLLIN;
+        else if (comp != nullptr && !comp->events.empty() && (fds[i].events & POLLIN))
+          fds[i].revents = POLLIN;
         if (fds[i].revents != 0) ++ready;
       }
       return ready;
@@ -746,6 +834,396 @@ struct FakeProvider::Impl {
       }
     }
     return ready;
+  }
+
+  // ---- the data path
+
+  static int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input*,
+                             ibv_device_attr_ex* attr) {
+    auto lock = f().lock();
+    int err = 0;
+    if (f().injected("ibv_query_device_ex", err)) return err;
+    const int device = f().device_of_context(ctx);
+    if (device < 0 || attr == nullptr) {
+      f().note("ibv_query_device_ex: not a fake device context");
+      return EINVAL;
+    }
+    *attr = ibv_device_attr_ex{};
+    const DeviceCaps& caps = f().caps_[device];
+    std::snprintf(attr->orig_attr.fw_ver, sizeof attr->orig_attr.fw_ver, "fake");
+    attr->orig_attr.max_qp_wr = 1 << 15;
+    attr->orig_attr.max_sge = 32;
+    attr->orig_attr.max_cqe = 1 << 15;
+    attr->orig_attr.max_mr_size = ~0ull;
+    attr->orig_attr.max_srq_wr = 1 << 15;
+    attr->odp_caps.general_caps = caps.odp_general_caps;
+    attr->odp_caps.per_transport_caps.rc_odp_caps = caps.rc_odp_caps;
+    attr->device_cap_flags_ex = caps.device_cap_flags_ex;
+    return 0;
+  }
+
+  static ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+    auto lock = f().lock();
+    Registration reg{pd, addr, length, access, nullptr, 0};
+    auto refuse = [&](int err) -> ibv_mr* {
+      reg.err = err;
+      f().registrations_.push_back(reg);
+      errno = err;
+      return nullptr;
+    };
+    int err = 0;
+    if (f().injected("ibv_reg_mr", err)) return refuse(err);
+    if (!f().pds_.count(pd)) {
+      f().note("ibv_reg_mr: pd not alive");
+      return refuse(EINVAL);
+    }
+    // The kernel's ib_check_mr_access: remote write needs local write; ODP needs the device.
+    if ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) return refuse(EINVAL);
+    const DeviceCaps& caps = f().caps_[f().device_of_context(pd->context)];
+    if ((access & IBV_ACCESS_ON_DEMAND) && !(caps.odp_general_caps & IBV_ODP_SUPPORT))
+      return refuse(EOPNOTSUPP);
+    if (addr == nullptr || length == 0) return refuse(EINVAL);
+    if (f().needs_odp_.count(addr) && !(access & IBV_ACCESS_ON_DEMAND)) return refuse(EOPNOTSUPP);
+    auto* mr = new ibv_mr{};
+    mr->context = pd->context;
+    mr->pd = pd;
+    mr->addr = addr;
+    mr->length = length;
+    mr->lkey = f().next_key_++;
+    mr->rkey = f().next_key_++;
+    mr->handle = mr->lkey;
+    f().mrs_[mr] = access;
+    f().created("mr");
+    reg.mr = mr;
+    f().registrations_.push_back(reg);
+    return mr;
+  }
+
+  static int dereg_mr(ibv_mr* mr) {
+    auto lock = f().lock();
+    int err = 0;
+    bool failed = f().injected("ibv_dereg_mr", err);
+    if (!f().mrs_.erase(mr)) {
+      f().note("ibv_dereg_mr: mr not alive");
+      return EINVAL;
+    }
+    f().destroyed("mr");
+    delete mr;
+    return failed ? err : 0;
+  }
+
+  static int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sges,
+                       uint32_t n) {
+    auto lock = f().lock();
+    Advice record{pd, advice, flags, {}, 0};
+    if (sges != nullptr) record.sge.assign(sges, sges + n);
+    auto result = [&](int rc) {
+      record.result = rc;
+      f().advices_.push_back(record);
+      return rc;
+    };
+    int err = 0;
+    if (f().injected("ibv_advise_mr", err)) return result(err);
+    if (!f().pds_.count(pd)) {
+      f().note("ibv_advise_mr: pd not alive");
+      return result(EINVAL);
+    }
+    // libibverbs: EOPNOTSUPP when the provider has no advise_mr (rxe has none)
+    if (!(f().caps_[f().device_of_context(pd->context)].odp_general_caps & IBV_ODP_SUPPORT))
+      return result(EOPNOTSUPP);
+    if (sges == nullptr || n == 0) return result(EINVAL);
+    for (uint32_t i = 0; i < n; ++i)
+      if (!f().sge_ok(pd, sges[i], false)) return result(EINVAL);
+    return result(0);
+  }
+
+  static bool qp_ok(ibv_qp* qp, const char* call) {
+    if (f().qps_.count(qp)) return true;
+    f().note(std::string(call) + ": queue pair not alive");
+    return false;
+  }
+
+  static std::uint32_t total_length(const ibv_sge* sge, int n) {
+    std::uint64_t sum = 0;
+    for (int i = 0; i < n; ++i) sum += sge[i].length;
+    return static_cast<std::uint32_t>(sum);
+  }
+
+  static int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+    auto lock = f().lock();
+    if (bad != nullptr) *bad = nullptr;
+    int err = 0;
+    if (f().injected("ibv_post_send", err)) {
+      if (bad != nullptr) *bad = wr;
+      return err;
+    }
+    if (!qp_ok(qp, "ibv_post_send") || bad == nullptr || wr == nullptr) return EINVAL;
+    auto& info = f().qps_[qp];
+    for (; wr != nullptr; wr = wr->next) {
+      auto refuse = [&](int rc) {
+        *bad = wr;
+        return rc;
+      };
+      if (info.state == QpState::init) return refuse(EINVAL);  // rxe: not in RTS
+      if (wr->num_sge < 0 || static_cast<std::uint32_t>(wr->num_sge) > info.cap.max_send_sge ||
+          (wr->num_sge > 0 && wr->sg_list == nullptr))
+        return refuse(EINVAL);
+      const std::uint32_t length = total_length(wr->sg_list, wr->num_sge);
+      const bool inline_data = (wr->send_flags & IBV_SEND_INLINE) != 0;
+      if (inline_data && length > info.cap.max_inline_data) return refuse(EINVAL);
+      if (info.sends.size() >= info.cap.max_send_wr) return refuse(ENOMEM);
+      PostedWr posted;
+      posted.queue = PostedWr::Queue::send;
+      posted.qp_num = qp->qp_num;
+      posted.wr_id = wr->wr_id;
+      posted.opcode = wr->opcode;
+      posted.send_flags = wr->send_flags;
+      posted.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
+      if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+          wr->opcode == IBV_WR_RDMA_READ) {
+        posted.remote_addr = wr->wr.rdma.remote_addr;
+        posted.rkey = wr->wr.rdma.rkey;
+      }
+      if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_IMM)
+        posted.imm_data = wr->imm_data;
+      for (const ibv_sge& sge : posted.sge) {
+        if (inline_data) {  // the data is copied now; the lkey is not looked at
+          const auto* p = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(sge.addr));
+          posted.inline_data.insert(posted.inline_data.end(), p, p + sge.length);
+        } else if (!f().sge_ok(qp->pd, sge, wr->opcode == IBV_WR_RDMA_READ)) {
+          posted.local_ok = false;
+        }
+      }
+      Outstanding out{wr->wr_id, wr->opcode, (wr->send_flags & IBV_SEND_SIGNALED) != 0,
+                      posted.local_ok, length, posted.sge};
+      f().posted_.push_back(std::move(posted));
+      if (info.state == QpState::error) {  // flushed at once
+        f().complete_one(qp, out, qp->send_cq, IBV_WC_WR_FLUSH_ERR, false);
+        continue;
+      }
+      info.sends.push_back(std::move(out));
+    }
+    return 0;
+  }
+
+  // One receive into `queue` (a QP's or an SRQ's): ENOMEM when full.
+  static int post_one_recv(const ibv_pd* pd, ibv_recv_wr* wr, std::uint32_t max_wr,
+                           std::uint32_t max_sge, std::deque<Outstanding>& queue,
+                           PostedWr posted) {
+    if (wr->num_sge < 0 || static_cast<std::uint32_t>(wr->num_sge) > max_sge ||
+        (wr->num_sge > 0 && wr->sg_list == nullptr))
+      return EINVAL;
+    if (queue.size() >= max_wr) return ENOMEM;
+    posted.wr_id = wr->wr_id;
+    posted.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
+    for (const ibv_sge& sge : posted.sge)
+      if (!f().sge_ok(pd, sge, true)) posted.local_ok = false;
+    queue.push_back({wr->wr_id, -1, true, posted.local_ok,
+                     total_length(wr->sg_list, wr->num_sge), posted.sge});
+    f().posted_.push_back(std::move(posted));
+    return 0;
+  }
+
+  static int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    auto lock = f().lock();
+    if (bad != nullptr) *bad = nullptr;
+    int err = 0;
+    if (f().injected("ibv_post_recv", err)) {
+      if (bad != nullptr) *bad = wr;
+      return err;
+    }
+    if (!qp_ok(qp, "ibv_post_recv") || bad == nullptr || wr == nullptr) return EINVAL;
+    auto& info = f().qps_[qp];
+    if (qp->srq != nullptr) {  // rxe: a QP with an SRQ has no receive queue
+      *bad = wr;
+      return EINVAL;
+    }
+    for (; wr != nullptr; wr = wr->next) {
+      PostedWr posted;
+      posted.queue = PostedWr::Queue::recv;
+      posted.qp_num = qp->qp_num;
+      const std::size_t before = info.recvs.size();
+      if (int rc = post_one_recv(qp->pd, wr, info.cap.max_recv_wr, info.cap.max_recv_sge,
+                                 info.recvs, std::move(posted));
+          rc != 0) {
+        *bad = wr;
+        return rc;
+      }
+      if (info.state == QpState::error && info.recvs.size() > before) {
+        Outstanding out = std::move(info.recvs.back());
+        info.recvs.pop_back();
+        f().complete_one(qp, out, qp->recv_cq, IBV_WC_WR_FLUSH_ERR, true);
+      }
+    }
+    return 0;
+  }
+
+  static int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    auto lock = f().lock();
+    if (bad != nullptr) *bad = nullptr;
+    int err = 0;
+    if (f().injected("ibv_post_srq_recv", err)) {
+      if (bad != nullptr) *bad = wr;
+      return err;
+    }
+    if (!f().srqs_.count(srq)) {
+      f().note("ibv_post_srq_recv: shared receive queue not alive");
+      return EINVAL;
+    }
+    if (bad == nullptr || wr == nullptr) return EINVAL;
+    auto& info = f().srqs_[srq];
+    for (; wr != nullptr; wr = wr->next) {
+      PostedWr posted;
+      posted.queue = PostedWr::Queue::srq;
+      posted.srq = srq;
+      if (int rc = post_one_recv(srq->pd, wr, info.max_wr, info.max_sge, info.recvs, std::move(posted));
+          rc != 0) {
+        *bad = wr;
+        return rc;
+      }
+    }
+    return 0;
+  }
+
+  static int post_atomic_write(ibv_qp* qp, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
+                               uint64_t remote_addr, const void* src8) {
+    auto lock = f().lock();
+    int err = 0;
+    if (f().injected("ibv_wr_complete", err)) return err;
+    if (!qp_ok(qp, "ibv_wr_complete")) return EINVAL;
+    auto& info = f().qps_[qp];
+    if (!info.atomic_write) return EOPNOTSUPP;  // as the system table's wrapper
+    if (info.state == QpState::init) return EINVAL;
+    if (info.sends.size() >= info.cap.max_send_wr) return ENOSPC;  // rxe's check_qp_queue_full
+    PostedWr posted;
+    posted.queue = PostedWr::Queue::send;
+    posted.qp_num = qp->qp_num;
+    posted.wr_id = wr_id;
+    posted.opcode = IBV_WR_ATOMIC_WRITE;
+    posted.send_flags = send_flags;
+    posted.remote_addr = remote_addr;
+    posted.rkey = rkey;
+    posted.native_atomic = true;
+    const auto* p = static_cast<const std::byte*>(src8);
+    posted.inline_data.assign(p, p + 8);
+    f().posted_.push_back(std::move(posted));
+    Outstanding out{wr_id, IBV_WR_ATOMIC_WRITE, (send_flags & IBV_SEND_SIGNALED) != 0, true, 8, {}};
+    if (info.state == QpState::error) f().complete_one(qp, out, qp->send_cq, IBV_WC_WR_FLUSH_ERR, false);
+    else info.sends.push_back(std::move(out));
+    return 0;
+  }
+
+  static int poll_cq(ibv_cq* cq, int n, ibv_wc* out) {
+    auto lock = f().lock();
+    int err = 0;
+    if (f().injected("ibv_poll_cq", err)) return -err;  // providers return a negative value
+    if (!f().cqs_.count(cq)) {
+      f().note("ibv_poll_cq: cq not alive");
+      return -EINVAL;
+    }
+    auto& info = f().cqs_[cq];
+    int taken = 0;
+    while (taken < n && !info.wcs.empty()) {
+      out[taken++] = info.wcs.front();
+      info.wcs.pop_front();
+    }
+    if (taken == 0 && info.after_empty_poll) {
+      ibv_wc wc = *info.after_empty_poll;
+      info.after_empty_poll.reset();
+      f().push_wc(cq, wc);
+    }
+    return taken;
+  }
+
+  static int get_cq_event(ibv_comp_channel* ch, ibv_cq** cq, void** context) {
+    auto lock = f().lock();
+    if (fails("ibv_get_cq_event")) return -1;
+    if (!f().comp_channels_.count(ch)) {
+      f().note("ibv_get_cq_event: completion channel not alive");
+      errno = EINVAL;
+      return -1;
+    }
+    auto& info = f().comp_channels_[ch];
+    if (info.events.empty()) {
+      if (info.nonblocking) {
+        errno = EAGAIN;
+        return -1;
+      }
+      const bool got = f().changed_.wait_for(lock, f().watchdog, [&] {
+        auto it = f().comp_channels_.find(ch);
+        return it == f().comp_channels_.end() || !it->second.events.empty();
+      });
+      if (!got) {
+        f().note("ibv_get_cq_event blocked on an empty blocking channel: a hang in production");
+        errno = ETIME;
+        return -1;
+      }
+      if (!f().comp_channels_.count(ch)) {
+        errno = EBADF;
+        return -1;
+      }
+    }
+    auto& events = f().comp_channels_[ch].events;
+    ibv_cq* fired = events.front();
+    events.pop_front();
+    ++f().cqs_[fired].unacked;
+    f().created("unacked_cq_event");
+    *cq = fired;
+    if (context != nullptr) *context = fired->cq_context;
+    return 0;
+  }
+
+  static void ack_cq_events(ibv_cq* cq, unsigned int n) {
+    auto lock = f().lock();
+    f().calls_.emplace_back("ibv_ack_cq_events");
+    auto it = f().cqs_.find(cq);
+    if (it == f().cqs_.end()) return f().note("ibv_ack_cq_events: cq not alive");
+    if (n > it->second.unacked) return f().note("ibv_ack_cq_events: more events than delivered");
+    it->second.unacked -= n;
+    f().alive_["unacked_cq_event"] -= n;
+    f().acked_cq_events_ += n;
+  }
+
+  static ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
+    auto lock = f().lock();
+    if (fails("ibv_create_srq")) return nullptr;
+    if (!f().pds_.count(pd) || attr == nullptr) {
+      f().note("ibv_create_srq: pd not alive or no attributes");
+      errno = EINVAL;
+      return nullptr;
+    }
+    if (attr->attr.max_wr == 0 || attr->attr.max_wr > (1u << 15) || attr->attr.max_sge == 0) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    auto* srq = new ibv_srq{};
+    srq->context = pd->context;
+    srq->pd = pd;
+    srq->srq_context = attr->srq_context;
+    auto& info = f().srqs_[srq];
+    info.max_wr = attr->attr.max_wr;
+    info.max_sge = attr->attr.max_sge;
+    f().created("srq");
+    return srq;
+  }
+
+  static int destroy_srq(ibv_srq* srq) {
+    auto lock = f().lock();
+    int err = 0;
+    bool failed = f().injected("ibv_destroy_srq", err);
+    if (!f().srqs_.count(srq)) {
+      f().note("ibv_destroy_srq: shared receive queue not alive");
+      return EINVAL;
+    }
+    for (auto& [qp, info] : f().qps_)
+      if (qp->srq == srq) {
+        f().note("ibv_destroy_srq: a queue pair still uses the shared receive queue");
+        return EBUSY;
+      }
+    f().srqs_.erase(srq);
+    f().destroyed("srq");
+    delete srq;
+    return failed ? err : 0;
   }
 };
 
@@ -805,6 +1283,20 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::req_notify_cq>::call,
     Sentinel<&FakeProvider::Impl::fcntl, Ok::non_negative>::call,
     Sentinel<&FakeProvider::Impl::poll, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::query_device_ex>::call,
+    Sentinel<&FakeProvider::Impl::reg_mr>::call,
+    Sentinel<&FakeProvider::Impl::dereg_mr>::call,
+    Sentinel<&FakeProvider::Impl::advise_mr>::call,
+    Sentinel<&FakeProvider::Impl::create_qp_ex>::call,
+    Sentinel<&FakeProvider::Impl::post_send>::call,
+    Sentinel<&FakeProvider::Impl::post_recv>::call,
+    Sentinel<&FakeProvider::Impl::post_srq_recv>::call,
+    Sentinel<&FakeProvider::Impl::post_atomic_write>::call,
+    Sentinel<&FakeProvider::Impl::poll_cq, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::get_cq_event>::call,
+    Sentinel<&FakeProvider::Impl::ack_cq_events>::call,
+    Sentinel<&FakeProvider::Impl::create_srq>::call,
+    Sentinel<&FakeProvider::Impl::destroy_srq>::call,
 };
 }  // namespace
 
@@ -832,9 +1324,11 @@ FakeProvider::~FakeProvider() {
   }
   for (auto& [ch, state] : channels_) delete ch;
   for (auto& [id, info] : ids_) delete id;
-  for (auto* x : qps_) delete x;
-  for (auto* x : cqs_) delete x;
-  for (auto* x : comp_channels_) delete x;
+  for (auto& [x, info] : qps_) delete x;
+  for (auto& [x, info] : cqs_) delete x;
+  for (auto& [x, info] : comp_channels_) delete x;
+  for (auto& [x, access] : mrs_) delete x;
+  for (auto& [x, info] : srqs_) delete x;
   for (auto* x : pds_) delete x;
   for (auto* x : device_lists_) delete[] x;
   for (auto* ai : addrinfos_) {
@@ -1125,6 +1619,215 @@ void FakeProvider::expect_clean() const {
     return s;
   }());
   CHECK(problems() == "");
+}
+
+// ------------------------------------------------------------------------------------
+// The data path.
+
+bool FakeProvider::sge_ok(const ibv_pd* pd, const ibv_sge& sge, bool device_writes) const {
+  if (sge.length == 0) return true;
+  for (auto& [mr, access] : mrs_) {
+    if (mr->lkey != sge.lkey) continue;
+    const auto start = reinterpret_cast<std::uintptr_t>(mr->addr);
+    const bool inside = sge.addr >= start && sge.addr - start <= mr->length &&
+                        sge.length <= mr->length - (sge.addr - start);
+    return mr->pd == pd && inside && (!device_writes || (access & IBV_ACCESS_LOCAL_WRITE));
+  }
+  return false;
+}
+
+FakeProvider::CompChannelInfo* FakeProvider::comp_by_fd(int fd) {
+  for (auto& [ch, info] : comp_channels_)
+    if (ch->fd == fd) return &info;
+  return nullptr;
+}
+
+void FakeProvider::push_wc(ibv_cq* cq, const ibv_wc& wc) {
+  auto it = cqs_.find(cq);
+  if (it == cqs_.end()) return note("a completion for a cq that is not alive");
+  auto& info = it->second;
+  if (info.wcs.size() >= static_cast<std::size_t>(cq->cqe)) {
+    note("completion queue overrun (more completions than its size)");
+    return;
+  }
+  info.wcs.push_back(wc);
+  if (info.armed && cq->channel != nullptr) {  // one event per arming
+    info.armed = false;
+    comp_channels_[cq->channel].events.push_back(cq);
+  }
+  changed_.notify_all();
+}
+
+void FakeProvider::complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_status status,
+                                bool recv) {
+  if (status == IBV_WC_SUCCESS && !wr.local_ok) status = IBV_WC_LOC_PROT_ERR;
+  if (!recv && status == IBV_WC_SUCCESS && !wr.signaled) return;  // silent
+  ibv_wc wc{};
+  wc.wr_id = wr.wr_id;
+  wc.status = status;
+  wc.qp_num = qp->qp_num;
+  if (recv) {
+    wc.opcode = IBV_WC_RECV;
+  } else {
+    switch (wr.opcode) {
+      case IBV_WR_RDMA_WRITE:
+      case IBV_WR_RDMA_WRITE_WITH_IMM: wc.opcode = IBV_WC_RDMA_WRITE; break;
+      case IBV_WR_RDMA_READ:
+        wc.opcode = IBV_WC_RDMA_READ;
+        wc.byte_len = wr.byte_len;
+        break;
+      case IBV_WR_ATOMIC_WRITE: wc.opcode = IBV_WC_ATOMIC_WRITE; break;
+      default: wc.opcode = IBV_WC_SEND; break;
+    }
+  }
+  push_wc(cq, wc);
+}
+
+void FakeProvider::flush_qp(ibv_qp* qp) {
+  auto& info = qps_[qp];
+  info.state = QpState::error;
+  qp->state = IBV_QPS_ERR;
+  for (auto& wr : info.sends) complete_one(qp, wr, qp->send_cq, IBV_WC_WR_FLUSH_ERR, false);
+  info.sends.clear();
+  for (auto& wr : info.recvs) complete_one(qp, wr, qp->recv_cq, IBV_WC_WR_FLUSH_ERR, true);
+  info.recvs.clear();
+}
+
+void FakeProvider::set_caps(int device, const DeviceCaps& caps) {
+  auto held = lock();
+  caps_[device] = caps;
+  devices_[device].transport_type = caps.transport;
+}
+
+void FakeProvider::needs_odp(const void* addr) {
+  auto held = lock();
+  needs_odp_.insert(addr);
+}
+
+std::vector<Registration> FakeProvider::registrations() const {
+  auto held = lock();
+  return registrations_;
+}
+
+std::vector<Advice> FakeProvider::advices() const {
+  auto held = lock();
+  return advices_;
+}
+
+std::vector<PostedWr> FakeProvider::posted() const {
+  auto held = lock();
+  return posted_;
+}
+
+std::size_t FakeProvider::complete_sends(ibv_qp* qp, std::size_t n, ibv_wc_status status) {
+  auto held = lock();
+  auto it = qps_.find(qp);
+  REQUIRE(it != qps_.end());
+  std::size_t done = 0;
+  while (done < n && !it->second.sends.empty()) {
+    Outstanding wr = std::move(it->second.sends.front());
+    it->second.sends.pop_front();
+    complete_one(qp, wr, qp->send_cq, status, false);
+    ++done;
+  }
+  return done;
+}
+
+bool FakeProvider::deliver_recv(ibv_qp* qp, std::span<const std::byte> payload,
+                                std::optional<std::uint32_t> imm, bool rdma_with_imm,
+                                ibv_wc_status status) {
+  auto held = lock();
+  auto it = qps_.find(qp);
+  REQUIRE(it != qps_.end());
+  std::deque<Outstanding>& queue = qp->srq != nullptr ? srqs_[qp->srq].recvs : it->second.recvs;
+  if (queue.empty()) return false;
+  Outstanding wr = std::move(queue.front());
+  queue.pop_front();
+  if (status == IBV_WC_SUCCESS && !wr.local_ok) status = IBV_WC_LOC_PROT_ERR;
+  if (status == IBV_WC_SUCCESS && !rdma_with_imm && payload.size() > wr.byte_len)
+    status = IBV_WC_LOC_LEN_ERR;
+  ibv_wc wc{};
+  wc.wr_id = wr.wr_id;
+  wc.status = status;
+  wc.qp_num = qp->qp_num;
+  wc.opcode = rdma_with_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  if (status == IBV_WC_SUCCESS) {
+    if (!rdma_with_imm) {  // the message lands in the receive's memory
+      std::size_t at = 0;
+      for (const ibv_sge& sge : wr.sge) {
+        const std::size_t n = std::min<std::size_t>(sge.length, payload.size() - at);
+        if (n != 0)
+          std::memcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(sge.addr)),
+                      payload.data() + at, n);
+        at += n;
+      }
+    }
+    wc.byte_len = static_cast<std::uint32_t>(payload.size());
+    if (imm) {
+      wc.wc_flags |= IBV_WC_WITH_IMM;
+      wc.imm_data = htonl(*imm);
+    }
+  }
+  push_wc(qp->recv_cq, wc);
+  return true;
+}
+
+void FakeProvider::add_completion(ibv_cq* cq, const ibv_wc& wc) {
+  auto held = lock();
+  push_wc(cq, wc);
+}
+
+void FakeProvider::complete_after_empty_poll(ibv_cq* cq, const ibv_wc& wc) {
+  auto held = lock();
+  REQUIRE(cqs_.count(cq));
+  cqs_[cq].after_empty_poll = wc;
+}
+
+std::size_t FakeProvider::outstanding_sends(ibv_qp* qp) const {
+  auto held = lock();
+  auto it = qps_.find(qp);
+  return it == qps_.end() ? 0 : it->second.sends.size();
+}
+
+std::size_t FakeProvider::outstanding_recvs(ibv_qp* qp) const {
+  auto held = lock();
+  auto it = qps_.find(qp);
+  return it == qps_.end() ? 0 : it->second.recvs.size();
+}
+
+std::size_t FakeProvider::outstanding_srq_recvs(ibv_srq* srq) const {
+  auto held = lock();
+  auto it = srqs_.find(srq);
+  return it == srqs_.end() ? 0 : it->second.recvs.size();
+}
+
+std::size_t FakeProvider::cq_entries(ibv_cq* cq) const {
+  auto held = lock();
+  auto it = cqs_.find(cq);
+  return it == cqs_.end() ? 0 : it->second.wcs.size();
+}
+
+bool FakeProvider::armed(ibv_cq* cq) const {
+  auto held = lock();
+  auto it = cqs_.find(cq);
+  return it != cqs_.end() && it->second.armed;
+}
+
+std::size_t FakeProvider::cq_events_queued(const ibv_comp_channel* ch) const {
+  auto held = lock();
+  auto it = comp_channels_.find(const_cast<ibv_comp_channel*>(ch));
+  return it == comp_channels_.end() ? 0 : it->second.events.size();
+}
+
+unsigned long FakeProvider::acked_cq_events() const {
+  auto held = lock();
+  return acked_cq_events_;
+}
+
+bool FakeProvider::connected(ibv_qp* qp) const {
+  auto held = lock();
+  auto it = qps_.find(qp);
+  return it != qps_.end() && it->second.state == QpState::rts;
 }
 
 }  // namespace fake

@@ -26,6 +26,15 @@
 //   public method takes it, so a test can inject events from another thread while the
 //   library waits. The public data members (accepts, rejects, ...) are written under that
 //   mutex: read them only once no other thread uses the library.
+// - The data path, as libibverbs and the kernel behave: ibv_query_device_ex reports each
+//   device's DeviceCaps (settable); ibv_reg_mr checks the access flags as the kernel does
+//   and logs every registration; a queue pair posts like rxe's (EINVAL to send before it
+//   is connected, ENOMEM when more work requests are outstanding than its size) and logs
+//   every work request it accepted (posted()); tests complete them (complete_sends,
+//   deliver_recv) into the right CQ, whose completion channel gets an event when the CQ
+//   is armed. ibv_get_cq_event blocks (watchdog) or gives EAGAIN like rdma_get_cm_event;
+//   destroying a CQ with unacknowledged events, an MR that is not alive, or a pd that
+//   still has MRs or shared receive queues is recorded as a failure.
 #pragma once
 
 #include <rpmapp/detail/provider.hpp>
@@ -35,10 +44,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <set>
 #include <string>
 #include <string_view>
@@ -64,6 +75,63 @@ struct Sent {
   rdma_cm_id* id;
   std::vector<std::byte> data;
   std::string text() const;  ///< the bytes as a string
+};
+
+/// What ibv_query_device_ex reports for a device (settable per device, before Peer::open).
+struct DeviceCaps {
+  std::uint64_t odp_general_caps = 0;  ///< IBV_ODP_SUPPORT when on-demand paging works
+  std::uint32_t rc_odp_caps = 0;       ///< IBV_ODP_SUPPORT_READ / _WRITE ...
+  std::uint64_t device_cap_flags_ex = 0;  ///< bit 40: native atomic write
+  ibv_transport_type transport = IBV_TRANSPORT_IB;  ///< the device's transport_type
+  /// ODP for RC reads and writes (what librpma requires).
+  static DeviceCaps with_odp() {
+    DeviceCaps c;
+    c.odp_general_caps = IBV_ODP_SUPPORT;
+    c.rc_odp_caps = IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_WRITE;
+    return c;
+  }
+  static constexpr std::uint64_t atomic_write_flag = 1ull << 40;
+};
+
+/// One ibv_reg_mr call: its arguments and result (mr null and err set when it failed).
+struct Registration {
+  ibv_pd* pd = nullptr;
+  void* addr = nullptr;
+  std::size_t length = 0;
+  int access = 0;
+  ibv_mr* mr = nullptr;
+  int err = 0;
+};
+
+/// One ibv_advise_mr call.
+struct Advice {
+  ibv_pd* pd = nullptr;
+  ibv_advise_mr_advice advice{};
+  std::uint32_t flags = 0;
+  std::vector<ibv_sge> sge;
+  int result = 0;
+};
+
+/// A work request the fake accepted (ibv_post_send, ibv_post_recv, ibv_post_srq_recv, the
+/// native atomic write).
+struct PostedWr {
+  enum class Queue { send, recv, srq };
+  Queue queue = Queue::send;
+  std::uint32_t qp_num = 0;  ///< 0 for a shared receive queue's
+  ibv_srq* srq = nullptr;
+  std::uint64_t wr_id = 0;
+  int opcode = -1;  ///< an ibv_wr_opcode; -1 for a receive
+  unsigned send_flags = 0;
+  std::vector<ibv_sge> sge;
+  std::vector<std::byte> inline_data;  ///< copied at post time (IBV_SEND_INLINE, atomic write)
+  std::uint64_t remote_addr = 0;
+  std::uint32_t rkey = 0;
+  std::uint32_t imm_data = 0;  ///< as posted (network order)
+  bool native_atomic = false;
+  /// Every non-inline entry lies within a live MR of the queue's pd with that lkey (and
+  /// has the MR's local-write right when the device writes into it). A request that is
+  /// not completes with IBV_WC_LOC_PROT_ERR, as a real device would.
+  bool local_ok = true;
 };
 
 class FakeProvider {
@@ -139,6 +207,50 @@ class FakeProvider {
   /// untouched), as librdmacm passes getaddrinfo's result through.
   int getaddrinfo_eai = 0;
 
+  // ---- the data path
+  /// What ibv_query_device_ex reports for `device` (default: no ODP, no atomic write, IB).
+  void set_caps(int device, const DeviceCaps& caps);
+  /// Memory at `addr` refuses a registration without IBV_ACCESS_ON_DEMAND (EOPNOTSUPP),
+  /// as FSDAX memory does.
+  void needs_odp(const void* addr);
+  /// Every ibv_reg_mr call, in order.
+  std::vector<Registration> registrations() const;
+  std::vector<Advice> advices() const;
+  /// Every work request accepted, in order.
+  std::vector<PostedWr> posted() const;
+  /// Completes the `n` oldest outstanding send work requests of `qp` with `status`: a
+  /// signaled one, or any that failed, produces a completion on the send CQ; an unsignaled
+  /// successful one completes silently. Returns how many were completed.
+  std::size_t complete_sends(ibv_qp* qp, std::size_t n = std::numeric_limits<std::size_t>::max(),
+                             ibv_wc_status status = IBV_WC_SUCCESS);
+  /// A message arrives for `qp`: consumes its oldest receive (or its shared receive queue's),
+  /// copies `payload` into the receive's memory and completes it on the QP's receive CQ
+  /// (opcode RECV, or RECV_RDMA_WITH_IMM / with imm when `imm` is set; `imm` is given in
+  /// host order and lands in network order). False when no receive was posted.
+  bool deliver_recv(ibv_qp* qp, std::span<const std::byte> payload = {},
+                    std::optional<std::uint32_t> imm = std::nullopt, bool rdma_with_imm = false,
+                    ibv_wc_status status = IBV_WC_SUCCESS);
+  /// Puts `wc` into `cq` (an event on its channel if armed).
+  void add_completion(ibv_cq* cq, const ibv_wc& wc);
+  /// The next ibv_poll_cq that finds `cq` empty then adds `wc`: a completion arriving
+  /// right after the poll (before the caller waits).
+  void complete_after_empty_poll(ibv_cq* cq, const ibv_wc& wc);
+  std::size_t outstanding_sends(ibv_qp* qp) const;
+  std::size_t outstanding_recvs(ibv_qp* qp) const;
+  std::size_t outstanding_srq_recvs(ibv_srq* srq) const;
+  /// Completions waiting in `cq`; whether it is armed; events queued on a channel.
+  std::size_t cq_entries(ibv_cq* cq) const;
+  bool armed(ibv_cq* cq) const;
+  std::size_t cq_events_queued(const ibv_comp_channel* ch) const;
+  /// Events acknowledged with ibv_ack_cq_events, in all.
+  unsigned long acked_cq_events() const;
+  /// Whether `qp` is connected (RTS): after rdma_accept, or the ESTABLISHED event of a
+  /// connecting id. rdma_disconnect moves it to the error state (outstanding work requests
+  /// are flushed with IBV_WC_WR_FLUSH_ERR).
+  bool connected(ibv_qp* qp) const;
+  /// The extended attributes of the last rdma_create_qp_ex.
+  ibv_qp_init_attr_ex last_qp_attr_ex{};
+
   // ---- what was sent
   std::vector<Sent> accepts, rejects, connects;
   std::vector<rdma_cm_id*> disconnects;
@@ -150,7 +262,7 @@ class FakeProvider {
 
   // ---- accounting
   /// Live resources of `kind`: "event_channel", "cm_id", "qp", "cq", "comp_channel", "pd",
-  /// "addrinfo", "unacked_event", "device_list".
+  /// "addrinfo", "unacked_event", "device_list", "mr", "srq", "unacked_cq_event".
   long alive(const std::string& kind) const;
   /// Everything still alive and every recorded misuse, one per line; "" when clean.
   std::string problems() const;
@@ -183,6 +295,36 @@ class FakeProvider {
     bool internal = false;  // consumed by librdmacm itself, never returned
   };
 
+  struct Outstanding {  // a work request not yet completed
+    std::uint64_t wr_id = 0;
+    int opcode = -1;
+    bool signaled = true;
+    bool local_ok = true;
+    std::uint32_t byte_len = 0;
+    std::vector<ibv_sge> sge;
+  };
+  enum class QpState { init, rts, error };
+  struct QpInfo {
+    QpState state = QpState::init;
+    ibv_qp_cap cap{};
+    bool atomic_write = false;  // created with IBV_QP_EX_WITH_ATOMIC_WRITE
+    std::deque<Outstanding> sends, recvs;
+  };
+  struct CqInfo {
+    std::deque<ibv_wc> wcs;
+    bool armed = false;
+    unsigned unacked = 0;  // events delivered and not acknowledged
+    std::optional<ibv_wc> after_empty_poll;
+  };
+  struct CompChannelInfo {
+    std::deque<ibv_cq*> events;
+    bool nonblocking = false;
+  };
+  struct SrqInfo {
+    std::uint32_t max_wr = 0, max_sge = 0;
+    std::deque<Outstanding> recvs;
+  };
+
   using Lock = std::unique_lock<std::mutex>;
   Lock lock() const { return Lock(mutex_); }
 
@@ -203,6 +345,12 @@ class FakeProvider {
   /// `limit`; false when the limit passed.
   bool wait_for_event(Lock& held, rdma_event_channel* ch, std::chrono::milliseconds limit);
   int resolve_device(const sockaddr* dst) const;
+  // The data path (mutex_ held).
+  bool sge_ok(const ibv_pd* pd, const ibv_sge& sge, bool device_writes) const;
+  void push_wc(ibv_cq* cq, const ibv_wc& wc);
+  void complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_status status, bool recv);
+  void flush_qp(ibv_qp* qp);
+  CompChannelInfo* comp_by_fd(int fd);
 
   struct Fault {
     std::string call;
@@ -226,9 +374,18 @@ class FakeProvider {
   std::map<rdma_cm_id*, IdInfo> ids_;
   std::map<rdma_cm_event*, EventData> events_;  // queued or delivered
   std::set<rdma_cm_event*> unacked_;
-  std::set<ibv_qp*> qps_;
-  std::set<ibv_cq*> cqs_;
-  std::set<ibv_comp_channel*> comp_channels_;
+  std::map<ibv_qp*, QpInfo> qps_;
+  std::map<ibv_cq*, CqInfo> cqs_;
+  std::map<ibv_comp_channel*, CompChannelInfo> comp_channels_;
+  std::map<ibv_mr*, int> mrs_;  // live registrations and their access flags
+  std::map<ibv_srq*, SrqInfo> srqs_;
+  DeviceCaps caps_[device_count]{};
+  std::set<const void*> needs_odp_;
+  std::vector<Registration> registrations_;
+  std::vector<Advice> advices_;
+  std::vector<PostedWr> posted_;
+  unsigned long acked_cq_events_ = 0;
+  std::uint32_t next_key_ = 0x1000;
   std::set<ibv_pd*> pds_;
   std::set<rdma_addrinfo*> addrinfos_;
   std::vector<std::pair<rdma_event_channel*, rdma_cm_event*>> held_;

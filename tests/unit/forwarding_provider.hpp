@@ -57,6 +57,13 @@ template <class Hook> class ForwardingProvider {
       &Forward<&P::destroy_comp_channel>::call, &Forward<&P::create_cq>::call,
       &Forward<&P::destroy_cq>::call,           &Forward<&P::req_notify_cq>::call,
       &Forward<&P::fcntl>::call,                &Forward<&P::poll>::call,
+      &Forward<&P::query_device_ex>::call,      &Forward<&P::reg_mr>::call,
+      &Forward<&P::dereg_mr>::call,             &Forward<&P::advise_mr>::call,
+      &Forward<&P::create_qp_ex>::call,         &Forward<&P::post_send>::call,
+      &Forward<&P::post_recv>::call,            &Forward<&P::post_srq_recv>::call,
+      &Forward<&P::post_atomic_write>::call,    &Forward<&P::poll_cq>::call,
+      &Forward<&P::get_cq_event>::call,         &Forward<&P::ack_cq_events>::call,
+      &Forward<&P::create_srq>::call,           &Forward<&P::destroy_srq>::call,
   };
   const P* saved_;
   std::optional<rpmapp::detail::ProviderOverride> override_;

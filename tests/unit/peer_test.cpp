@@ -3,7 +3,8 @@
 
 using namespace test;
 
-TEST_CASE("Peer::open allocates a protection domain on the device", "[peer]") {
+TEST_CASE("Peer::open allocates a protection domain on the device, probes it and registers "
+          "the flush buffer; close deregisters it", "[peer]") {
   fake::FakeProvider fake;
   {
     Peer peer = open_peer(fake, 1);
@@ -12,11 +13,21 @@ TEST_CASE("Peer::open allocates a protection domain on the device", "[peer]") {
     CHECK(*peer.device_name() == "fake1");
     CHECK((*peer.pd())->context == fake.context(1));
     CHECK(fake.alive("pd") == 1);
-    CHECK(fake.calls() ==
-          std::vector<std::string>{"rdma_get_devices", "rdma_free_devices", "ibv_alloc_pd"});
+    CHECK(fake.alive("mr") == 1);  // the flush buffer: 8 bytes, a READ destination
+    const auto regs = fake.registrations();
+    REQUIRE(regs.size() == 1);
+    CHECK(regs[0].pd == *peer.pd());
+    CHECK(regs[0].length == detail::PeerState::flush_read_size);
+    CHECK(regs[0].access == IBV_ACCESS_LOCAL_WRITE);
+    CHECK(*peer.odp_capable() == false);
+    CHECK(*peer.native_atomic_write() == false);
+    CHECK(fake.calls() == std::vector<std::string>{"rdma_get_devices", "rdma_free_devices",
+                                                   "ibv_query_device_ex", "ibv_alloc_pd",
+                                                   "ibv_reg_mr"});
   }
   CHECK(fake.calls() == std::vector<std::string>{"rdma_get_devices", "rdma_free_devices",
-                                                 "ibv_alloc_pd", "ibv_dealloc_pd"});
+                                                 "ibv_query_device_ex", "ibv_alloc_pd",
+                                                 "ibv_reg_mr", "ibv_dereg_mr", "ibv_dealloc_pd"});
   fake.expect_clean();
 }
 
@@ -30,7 +41,9 @@ TEST_CASE("Peer::open with a null context is inval and calls nothing", "[peer][i
 
 TEST_CASE("Peer::open: each provider call fails in turn", "[peer][fail-each]") {
   for (int err : {kErr, ENOMEM}) {
-    fail_each_call({"rdma_get_devices", "rdma_free_devices", "ibv_alloc_pd"}, err,
+    fail_each_call({"rdma_get_devices", "rdma_free_devices", "ibv_query_device_ex", "ibv_alloc_pd",
+                    "ibv_reg_mr"},
+                   err,
                    [](fake::FakeProvider& fake, Probe& probe) {
       probe.begin();
       auto peer = Peer::open(fake.context(0));
@@ -189,7 +202,8 @@ TEST_CASE("Peer::from_address: each provider call fails in turn", "[peer][fail-e
     std::vector<std::string> calls = {"rdma_create_id", "rdma_getaddrinfo",
                                       local ? "rdma_bind_addr" : "rdma_resolve_addr",
                                       "rdma_get_devices", "rdma_free_devices",
-                                      "ibv_alloc_pd", "rdma_freeaddrinfo", "rdma_destroy_id"};
+                                      "ibv_query_device_ex", "ibv_alloc_pd", "ibv_reg_mr",
+                                      "rdma_freeaddrinfo", "rdma_destroy_id"};
     fail_each_call(calls, kErr, [&](fake::FakeProvider&, Probe& probe) {
       probe.begin();
       auto peer = Peer::from_address(local ? "169.254.77.1" : "169.254.77.5", kind);
@@ -245,7 +259,7 @@ TEST_CASE("Peer::close reports ibv_dealloc_pd's returned errno", "[peer]") {
 }
 
 TEST_CASE("Peer::close: each provider call fails in turn", "[peer][fail-each]") {
-  fail_each_call({"ibv_dealloc_pd"}, kErr, [](fake::FakeProvider& fake, Probe& probe) {
+  fail_each_call({"ibv_dereg_mr", "ibv_dealloc_pd"}, kErr, [](fake::FakeProvider& fake, Probe& probe) {
     Peer peer = open_peer(fake);
     probe.begin();
     auto closed = std::move(peer).close();
