@@ -197,8 +197,8 @@ class MrRemote {
   static expected<MrRemote> from_descriptor(std::span<const std::byte> descriptor) noexcept {
     constexpr const char* call = "MrRemote::from_descriptor";
     if (descriptor.size() != mr_descriptor_size)
-      return detail::fail(detail::invalid(call, "a descriptor is {} bytes, not {}", mr_descriptor_size,
-                                          descriptor.size()));
+      return detail::fail(detail::invalid(call, "a descriptor is {} bytes, not {}", descriptor.size(),
+                                          mr_descriptor_size));
     const std::uint64_t addr = detail::get_le(descriptor.data(), 8);
     const std::uint64_t len = detail::get_le(descriptor.data() + 8, 8);
     const auto rkey = static_cast<std::uint32_t>(detail::get_le(descriptor.data() + 16, 4));
