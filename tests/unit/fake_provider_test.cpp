@@ -198,3 +198,57 @@ TEST_CASE("fake: waits are real, and a wait nothing can end is a recorded hang",
   CHECK(provider().destroy_id(id) == 0);
   provider().destroy_event_channel(ch);
 }
+
+TEST_CASE("fake: the data path's misuse is recorded as the kernel would refuse it", "[fake][data]") {
+  fake::FakeProvider fake;
+  fake.watchdog = std::chrono::milliseconds(50);
+  auto* pd = provider().alloc_pd(fake.context(0));
+  REQUIRE(pd != nullptr);
+  std::byte buf[64];
+  // remote write without local write: EINVAL, as ib_check_mr_access
+  errno = 0;
+  CHECK(provider().reg_mr(pd, buf, sizeof buf, IBV_ACCESS_REMOTE_WRITE) == nullptr);
+  CHECK(errno == EINVAL);
+  // ODP on a device without it: EOPNOTSUPP
+  CHECK(provider().reg_mr(pd, buf, sizeof buf, IBV_ACCESS_ON_DEMAND) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+  ibv_mr* mr = provider().reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(mr != nullptr);
+  CHECK(fake.alive("mr") == 1);
+  CHECK(provider().dealloc_pd(pd) == EBUSY);  // a region is still registered
+  CHECK(provider().dereg_mr(mr) == 0);
+  CHECK(provider().dereg_mr(mr) == EINVAL);  // twice
+  auto* ch = provider().create_comp_channel(fake.context(0));
+  auto* cq = provider().create_cq(fake.context(0), 2, nullptr, ch, 0);
+  REQUIRE(cq != nullptr);
+  ibv_cq* got = nullptr;
+  void* ctx = nullptr;
+  // blocking and empty: the watchdog ends it and records the hang
+  CHECK(provider().get_cq_event(ch, &got, &ctx) == -1);
+  CHECK(errno == ETIME);
+  CHECK(provider().fcntl(ch->fd, F_SETFL, O_NONBLOCK) == 0);
+  CHECK(provider().get_cq_event(ch, &got, &ctx) == -1);
+  CHECK(errno == EAGAIN);
+  // an armed CQ gets one event for its next completion
+  CHECK(provider().req_notify_cq(cq, 0) == 0);
+  ibv_wc wc{};
+  fake.add_completion(cq, wc);
+  fake.add_completion(cq, wc);
+  CHECK(fake.cq_events_queued(ch) == 1);
+  pollfd pfd{ch->fd, POLLIN, 0};
+  CHECK(provider().poll(&pfd, 1, 0) == 1);
+  REQUIRE(provider().get_cq_event(ch, &got, &ctx) == 0);
+  CHECK(got == cq);
+  ibv_wc out[4];
+  CHECK(provider().poll_cq(cq, 4, out) == 2);
+  CHECK(provider().destroy_cq(cq) == 0);  // with an event not acknowledged: recorded
+  CHECK(provider().destroy_comp_channel(ch) == 0);
+  CHECK(provider().dealloc_pd(pd) == 0);
+  const auto failures = fake.failures();
+  REQUIRE(failures.size() == 4);
+  CHECK(failures[0] == "ibv_dealloc_pd: a memory region is still registered on the pd");
+  CHECK(failures[1] == "ibv_dereg_mr: mr not alive");
+  CHECK_THAT(failures[2], Catch::Contains("ibv_get_cq_event blocked"));
+  CHECK_THAT(failures[3], Catch::Contains("not acknowledged"));
+  CHECK(fake.alive("unacked_cq_event") == 0);
+}

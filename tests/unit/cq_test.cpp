@@ -1,0 +1,338 @@
+// Cq: get, wait / try_wait / wait_for, next (no completion lost between poll and wait),
+// the shared completion channel of a connection, check(wc), and provider failures.
+#include "data_util.hpp"
+
+#include <thread>
+
+using namespace test;
+using namespace std::chrono_literals;
+
+namespace {
+
+ibv_wc completion(std::uint64_t wr_id, ibv_wc_status status = IBV_WC_SUCCESS,
+                  ibv_wc_opcode opcode = IBV_WC_RDMA_WRITE) {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  return wc;
+}
+
+struct Connected {
+  Peer peer;
+  Conn conn;
+  Cq cq;
+  ibv_cq* raw;
+  Connected(fake::FakeProvider& fake, const ConnConfig& cfg = {})
+      : peer(open_peer(fake)), conn(connected(fake, peer, cfg)), cq(*conn.cq()), raw(*cq.native()) {}
+};
+
+}  // namespace
+
+TEST_CASE("Cq::get: the filled part; no_completion when empty", "[cq]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    ibv_wc out[2];
+    for (auto& w : out) w = completion(0xAAAA);
+    const auto mark = fake.mark();
+    auto empty = c.cq.get(out);
+    REQUIRE_FALSE(empty);
+    CHECK(empty.error().code() == errc::no_completion);
+    CHECK(empty.error().call() == "ibv_poll_cq");
+    CHECK(out[0].wr_id == 0xAAAA);  // untouched
+    CHECK(fake.calls_since(mark) == std::vector<std::string>{"ibv_poll_cq"});
+
+    for (std::uint64_t id : {1, 2, 3}) fake.add_completion(c.raw, completion(id));
+    auto got = c.cq.get(out);
+    REQUIRE(got);
+    CHECK(got->data() == out);
+    REQUIRE(got->size() == 2);
+    CHECK(out[0].wr_id == 1);
+    CHECK(out[1].wr_id == 2);
+    out[1].wr_id = 0xAAAA;
+    got = c.cq.get(out);
+    REQUIRE(got);
+    REQUIRE(got->size() == 1);
+    CHECK(out[0].wr_id == 3);
+    CHECK(out[1].wr_id == 0xAAAA);  // past the filled part: untouched
+
+    check_inval(c.cq.get({}).error(), "Cq::get");
+    fake.fail("ibv_poll_cq", kErr);
+    auto failed = c.cq.get(out);
+    REQUIRE_FALSE(failed);
+    CHECK(failed.error().code() == errc::provider);
+    CHECK(failed.error().call() == "ibv_poll_cq");
+    CHECK_THAT(failed.error().message(), Catch::Contains("returned -" + std::to_string(kErr)));
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("Cq::wait: the event is acknowledged and the CQ re-armed", "[cq][wait]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    CHECK(fake.armed(c.raw));  // armed when created
+    fake.add_completion(c.raw, completion(5));
+    CHECK_FALSE(fake.armed(c.raw));
+    CHECK(fake.cq_events_queued(c.raw->channel) == 1);
+
+    SECTION("the channel's fd is readable through poll") {
+      pollfd pfd{*c.cq.fd(), POLLIN, 0};
+      CHECK(rpmapp::detail::provider().poll(&pfd, 1, 0) == 1);
+      CHECK(pfd.revents == POLLIN);
+    }
+    SECTION("wait / try_wait / wait_for") {
+      for (int variant = 0; variant < 3; ++variant) {
+        INFO("variant " << variant);
+        const auto mark = fake.mark();
+        auto waited = variant == 0 ? c.cq.wait() : variant == 1 ? c.cq.try_wait() : c.cq.wait_for(1s);
+        REQUIRE(waited);
+        auto calls = fake.calls_since(mark);
+        REQUIRE(calls.size() == 4);
+        CHECK(calls[1] == "ibv_get_cq_event");
+        CHECK(calls[2] == "ibv_ack_cq_events");
+        CHECK(calls[3] == "ibv_req_notify_cq");
+        CHECK(fake.armed(c.raw));
+        CHECK(fake.alive("unacked_cq_event") == 0);
+        CHECK(fake.acked_cq_events() == static_cast<unsigned long>(variant + 1));
+        ibv_wc wc;
+        REQUIRE(c.cq.get({&wc, 1}));
+        CHECK(wc.wr_id == 5);
+        fake.add_completion(c.raw, completion(5));  // the next variant's
+      }
+    }
+    SECTION("nothing pending: no_completion from try_wait and wait_for") {
+      REQUIRE(c.cq.wait());
+      auto none = c.cq.try_wait();
+      REQUIRE_FALSE(none);
+      CHECK(none.error().code() == errc::no_completion);
+      const auto start = std::chrono::steady_clock::now();
+      none = c.cq.wait_for(30ms);
+      REQUIRE_FALSE(none);
+      CHECK(none.error().code() == errc::no_completion);
+      CHECK(std::chrono::steady_clock::now() - start >= 30ms);
+      // A completion without re-arming produces no event.
+      ibv_wc wc;
+      REQUIRE(c.cq.get({&wc, 1}));
+      fake.add_completion(c.raw, completion(6));
+      CHECK(fake.cq_events_queued(c.raw->channel) == 1);  // re-armed by wait()
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("Cq::wait: a completion from another thread ends a blocking wait", "[cq][wait]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    std::thread later([&] {
+      std::this_thread::sleep_for(50ms);
+      fake.add_completion(c.raw, completion(9));
+    });
+    auto waited = c.cq.wait();
+    later.join();
+    REQUIRE(waited);
+    ibv_wc wc;
+    REQUIRE(c.cq.get({&wc, 1}));
+    CHECK(wc.wr_id == 9);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("Cq::wait retries EINTR (poll and ibv_get_cq_event)", "[cq][wait]") {
+  for (const char* call : {"poll", "ibv_get_cq_event"}) {
+    INFO(call);
+    fake::FakeProvider fake;
+    {
+      Connected c(fake);
+      fake.add_completion(c.raw, completion(1));
+      fake.fail(call, EINTR);
+      REQUIRE(c.cq.wait());
+      CHECK(fake.pending_faults() == 0);
+      CHECK(fake.armed(c.raw));
+    }
+    fake.expect_clean();
+  }
+}
+
+TEST_CASE("Cq::wait: each provider call fails in turn", "[cq][fail-each]") {
+  const std::vector<std::string> calls = {"poll", "ibv_get_cq_event", "ibv_ack_cq_events",
+                                          "ibv_req_notify_cq"};
+  for (int err : {kErr, ENOMEM}) {
+    fail_each_call(calls, err, [](fake::FakeProvider& fake, Probe& probe) {
+      Connected c(fake);
+      fake.add_completion(c.raw, completion(1));
+      probe.begin();
+      auto waited = c.cq.wait();
+      probe.end();
+      probe.check_outcome(waited);
+      CHECK(fake.alive("unacked_cq_event") == 0);  // acknowledged whatever failed after
+    });
+  }
+}
+
+TEST_CASE("Cq::next: a completion arriving between the poll and the wait is not lost", "[cq][next]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    fake.complete_after_empty_poll(c.raw, completion(77));
+    ibv_wc wc[2];
+    const auto mark = fake.mark();
+    auto got = c.cq.next_for(wc, 2s);
+    REQUIRE(got);
+    REQUIRE(got->size() == 1);
+    CHECK(wc[0].wr_id == 77);
+    CHECK(fake.calls_since(mark) ==
+          std::vector<std::string>{"ibv_poll_cq", "poll", "ibv_get_cq_event", "ibv_ack_cq_events",
+                                   "ibv_req_notify_cq", "ibv_poll_cq"});
+    // Already there: no wait at all.
+    fake.add_completion(c.raw, completion(78));
+    const auto mark2 = fake.mark();
+    got = c.cq.next(wc);
+    REQUIRE(got);
+    CHECK(wc[0].wr_id == 78);
+    CHECK(fake.calls_since(mark2) == std::vector<std::string>{"ibv_poll_cq"});
+    // The event of that completion is still queued: the next wait takes it and polls.
+    auto none = c.cq.next_for(wc, 20ms);
+    REQUIRE_FALSE(none);
+    CHECK(none.error().code() == errc::no_completion);
+    CHECK(fake.alive("unacked_cq_event") == 0);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("a shared completion channel: Conn::wait_completion returns the queue that fired", "[cq][shared]") {
+  fake::FakeProvider fake;
+  {
+    ConnConfig cfg;
+    cfg.rcq_size = 5;
+    cfg.shared_completion_channel = true;
+    Connected c(fake, cfg);
+    Cq rcq = *c.conn.rcq();
+    REQUIRE(rcq);
+    CHECK(*c.cq.shared_channel());
+    CHECK(*rcq.shared_channel());
+    CHECK(*c.conn.completion_fd() == *c.cq.fd());
+    CHECK(*rcq.fd() == *c.cq.fd());
+    const auto mark = fake.mark();
+    auto shared = c.cq.wait();
+    REQUIRE_FALSE(shared);
+    CHECK(shared.error().code() == errc::shared_channel);
+    CHECK(rcq.try_wait().error().code() == errc::shared_channel);
+    CHECK(c.cq.next_for({}, 1ms).error().code() == errc::inval);
+    CHECK(fake.calls_since(mark).empty());
+
+    fake.add_completion(*rcq.native(), completion(1, IBV_WC_SUCCESS, IBV_WC_RECV));
+    auto fired = c.conn.wait_completion_for(1s);
+    REQUIRE(fired);
+    CHECK(*fired == rcq);
+    CHECK(fake.armed(*rcq.native()));
+    fake.add_completion(c.raw, completion(2));
+    fired = c.conn.wait_completion();
+    REQUIRE(fired);
+    CHECK(*fired == c.cq);
+    auto none = c.conn.try_wait_completion();
+    REQUIRE_FALSE(none);
+    CHECK(none.error().code() == errc::no_completion);
+    CHECK(fake.alive("unacked_cq_event") == 0);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("separate channels: completion_fd and wait_completion are not_shared_chnl", "[cq][shared]") {
+  fake::FakeProvider fake;
+  {
+    ConnConfig cfg;
+    cfg.rcq_size = 5;
+    Connected c(fake, cfg);
+    Cq rcq = *c.conn.rcq();
+    CHECK(*rcq.fd() != *c.cq.fd());
+    CHECK_FALSE(*c.cq.shared_channel());
+    const auto mark = fake.mark();
+    CHECK(c.conn.completion_fd().error().code() == errc::not_shared_chnl);
+    CHECK(c.conn.wait_completion().error().code() == errc::not_shared_chnl);
+    CHECK(c.conn.try_wait_completion().error().code() == errc::not_shared_chnl);
+    CHECK(c.conn.wait_completion_for(1ms).error().code() == errc::not_shared_chnl);
+    CHECK(fake.calls_since(mark).empty());
+    // Each queue waits on its own channel.
+    fake.add_completion(*rcq.native(), completion(3, IBV_WC_SUCCESS, IBV_WC_RECV));
+    CHECK(c.cq.try_wait().error().code() == errc::no_completion);
+    REQUIRE(rcq.try_wait());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("an empty Cq (no receive CQ): every call is inval", "[cq]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    Cq none = *c.conn.rcq();
+    CHECK_FALSE(none);
+    ibv_wc wc;
+    const auto mark = fake.mark();
+    check_inval(none.fd().error(), "Cq::fd");
+    check_inval(none.native().error(), "Cq::native");
+    check_inval(none.wait().error(), "Cq::wait");
+    check_inval(none.try_wait().error(), "Cq::try_wait");
+    check_inval(none.get({&wc, 1}).error(), "Cq::get");
+    check_inval(none.next({&wc, 1}).error(), "Cq::get");
+    check_inval(none.shared_channel().error(), "Cq::shared_channel");
+    CHECK(fake.calls_since(mark).empty());
+    CHECK_FALSE(Cq());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("check(wc): a failed completion's Error names its status; immediate() is host order", "[cq]") {
+  CHECK(check(completion(1)));
+  for (auto status : {IBV_WC_LOC_PROT_ERR, IBV_WC_REM_ACCESS_ERR, IBV_WC_RETRY_EXC_ERR,
+                      IBV_WC_WR_FLUSH_ERR, IBV_WC_RNR_RETRY_EXC_ERR}) {
+    auto wc = completion(0xbeef, status);
+    auto e = check(wc);
+    REQUIRE_FALSE(e);
+    CHECK(e.error().code() == errc::provider);
+    CHECK(e.error().call() == "ibv_poll_cq");
+    CHECK_THAT(e.error().message(), Catch::Contains(ibv_wc_status_str(status)));
+    CHECK_THAT(e.error().message(), Catch::Contains("0xbeef"));
+    CHECK(to_string(status) == ibv_wc_status_str(status));
+  }
+  ibv_wc wc = completion(1, IBV_WC_SUCCESS, IBV_WC_RECV);
+  wc.imm_data = htonl(0x11223344u);
+  CHECK(immediate(wc) == 0x11223344u);
+  CHECK(to_string(IBV_WC_RDMA_READ) == "read");
+  CHECK(to_string(IBV_WC_RECV_RDMA_WITH_IMM) == "recv_rdma_with_imm");
+  CHECK(to_string(IBV_WC_ATOMIC_WRITE) == "atomic_write");
+}
+
+TEST_CASE("a connection's work completions end up on the right CQ", "[cq]") {
+  fake::FakeProvider fake;
+  {
+    ConnConfig cfg;
+    cfg.rcq_size = 4;
+    Connected c(fake, cfg);
+    Cq rcq = *c.conn.rcq();
+    Buffer buf(64);
+    MrLocal mr = reg(c.peer, buf, all_usages);
+    REQUIRE(c.conn.recv(mr, 0, 64, 1));
+    REQUIRE(c.conn.send(mr, 0, 8, Completion::always, 2));
+    REQUIRE(c.conn.send(mr, 0, 8, Completion::on_error, 3));
+    REQUIRE(c.conn.send(mr, 0, 8, Completion::on_error, 4));
+    fake.complete_sends(*c.conn.qp(), 2);
+    fake.complete_sends(*c.conn.qp(), 1, IBV_WC_REM_ACCESS_ERR);  // unsignaled, but failed
+    REQUIRE(fake.deliver_recv(*c.conn.qp(), as_bytes("abc")));
+    ibv_wc wc[4];
+    auto sends = c.cq.get(wc);
+    REQUIRE(sends);
+    REQUIRE(sends->size() == 2);
+    CHECK(wc[0].wr_id == 2);
+    CHECK(wc[1].wr_id == 4);
+    CHECK(wc[1].status == IBV_WC_REM_ACCESS_ERR);
+    auto recvs = rcq.get(wc);
+    REQUIRE(recvs);
+    REQUIRE(recvs->size() == 1);
+    CHECK(wc[0].wr_id == 1);
+    CHECK(wc[0].byte_len == 3);
+  }
+  fake.expect_clean();
+}

@@ -1,0 +1,72 @@
+// Helpers for the data-path unit tests: connected connections on the fake, registered
+// buffers and peers' regions built from hand-written descriptors.
+#pragma once
+
+#include "test_util.hpp"
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace test {
+
+/// A connected Conn (its queue pair in RTS): an outgoing request, connect, ESTABLISHED.
+inline Conn connected(fake::FakeProvider& fake, const Peer& peer, const ConnConfig& cfg = {}) {
+  auto conn = outgoing(peer, "169.254.77.9", cfg).connect();
+  INFO((conn ? std::string() : conn.error().message()));
+  REQUIRE(conn);
+  fake.inject_event(*conn->fd(), RDMA_CM_EVENT_ESTABLISHED);
+  auto ev = conn->try_next_event();
+  REQUIRE(ev);
+  REQUIRE(*ev == ConnEvent::established);
+  REQUIRE(fake.connected(*conn->qp()));
+  return std::move(*conn);
+}
+
+/// Memory that stays put while registered (the tests compare addresses).
+struct Buffer {
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t size;
+  explicit Buffer(std::size_t n, std::byte fill = std::byte{0x5A})
+      : bytes(new std::byte[n]), size(n) {
+    std::memset(bytes.get(), std::to_integer<int>(fill), n);
+  }
+  std::byte* data() const { return bytes.get(); }
+};
+
+inline MrLocal reg(const Peer& peer, const Buffer& buf, MrUsage usage) {
+  auto mr = MrLocal::reg(peer, buf.data(), buf.size, usage);
+  INFO((mr ? std::string() : mr.error().message()));
+  REQUIRE(mr);
+  return std::move(*mr);
+}
+
+inline constexpr MrUsage all_usages = static_cast<MrUsage>(0xff);
+
+/// A descriptor in librpma's layout, written byte by byte (independently of the library).
+inline MrDescriptor descriptor_of(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey,
+                                  std::uint8_t usage) {
+  MrDescriptor d{};
+  for (int i = 0; i < 8; ++i) d[i] = static_cast<std::byte>((addr >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i) d[8 + i] = static_cast<std::byte>((len >> (8 * i)) & 0xff);
+  for (int i = 0; i < 4; ++i) d[16 + i] = static_cast<std::byte>((rkey >> (8 * i)) & 0xff);
+  d[20] = static_cast<std::byte>(usage);
+  return d;
+}
+
+inline MrRemote remote(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey, MrUsage usage) {
+  auto r = MrRemote::from_descriptor(descriptor_of(addr, len, rkey, to_underlying(usage)));
+  INFO((r ? std::string() : r.error().message()));
+  REQUIRE(r);
+  return *r;
+}
+
+/// The fake's post log since `from` entries.
+inline std::vector<fake::PostedWr> posted_since(const fake::FakeProvider& fake, std::size_t from) {
+  auto all = fake.posted();
+  return {all.begin() + static_cast<std::ptrdiff_t>(from), all.end()};
+}
+
+inline std::uint64_t addr_of(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+}  // namespace test
