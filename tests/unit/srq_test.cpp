@@ -225,3 +225,39 @@ TEST_CASE("ConnConfig::srq of another Peer is inval", "[srq][inval]") {
   }
   fake.expect_clean();
 }
+
+TEST_CASE("a shared completion channel with a shared receive queue that has its own CQ is inval",
+          "[srq][inval]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    auto with_cq = Srq::create(peer, SrqConfig{4, 4});
+    auto without_cq = Srq::create(peer, SrqConfig{4, 0});
+    REQUIRE(with_cq);
+    REQUIRE(without_cq);
+    ConnConfig cfg;
+    cfg.shared_completion_channel = true;
+    cfg.rcq_size = 3;
+    cfg.srq = &*with_cq;
+    const auto mark = fake.mark();
+    auto req = ConnReq::to(peer, "169.254.77.9", "7471", cfg);
+    REQUIRE_FALSE(req);
+    check_inval(req.error(), "ConnReq::to", "shared completion channel");
+    CHECK(fake.calls_since(mark).empty());
+    // Without a CQ of its own, the connection's receive CQ shares the channel.
+    cfg.srq = &*without_cq;
+    Conn conn = connected(fake, peer, cfg);
+    Cq rcq = *conn.rcq();
+    REQUIRE(rcq);
+    CHECK(*rcq.shared_channel());
+    CHECK(*rcq.fd() == *conn.completion_fd());
+    Buffer buf(16);
+    MrLocal mr = reg(peer, buf, MrUsage::recv);
+    REQUIRE(without_cq->recv(mr, 0, 16, 8));
+    REQUIRE(fake.deliver_recv(*conn.qp()));
+    auto fired = conn.wait_completion_for(std::chrono::seconds(1));
+    REQUIRE(fired);
+    CHECK(*fired == rcq);
+  }
+  fake.expect_clean();
+}
