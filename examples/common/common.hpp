@@ -1,15 +1,18 @@
-// Helpers shared by the examples: argument parsing, error reporting, bounded event waits
-// and a client-side connect that retries when the server is not ready yet.
+// Helpers shared by the examples: argument parsing, error reporting, bounded event waits,
+// a client-side connect that retries when the server is not ready yet, and bounded
+// completion waits for the data path (librpma's private data: librpma_data.hpp).
 #pragma once
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <span>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -125,6 +128,53 @@ inline rpmapp::expected<rpmapp::Conn> connect_with_retry(const rpmapp::Peer& pee
                                                          std::string_view port,
                                                          std::span<const std::byte> private_data) {
   return connect_with_retry([&] { return rpmapp::ConnReq::to(peer, addr, port); }, private_data);
+}
+
+// ---- The data path: completions.
+
+/// Waits up to wait_bound for the next completion of `cq`, checks its status and returns it.
+inline rpmapp::expected<ibv_wc> next_completion(rpmapp::Cq& cq) {
+  ibv_wc wc{};
+  auto got = cq.next_for(std::span(&wc, 1), wait_bound);
+  if (!got) return rpmapp::unexpected(got.error());
+  if (auto ok = rpmapp::check(wc); !ok) return rpmapp::unexpected(ok.error());
+  return wc;
+}
+
+/// An error for a completion that was not expected.
+inline rpmapp::Error unexpected_completion(const ibv_wc& wc, std::string_view wanted) {
+  return rpmapp::Error(rpmapp::errc::unknown, 0, "next_completion",
+                       fmt::format("expected {}, got a {} completion (wr_id {:#x})", wanted,
+                                   rpmapp::to_string(wc.opcode), wc.wr_id));
+}
+
+/// As next_completion, and checks that it is `opcode`.
+inline rpmapp::expected<ibv_wc> next_completion(rpmapp::Cq& cq, ibv_wc_opcode opcode) {
+  auto wc = next_completion(cq);
+  if (wc && wc->opcode != opcode)
+    return rpmapp::unexpected(unexpected_completion(*wc, fmt::format("a {} completion", rpmapp::to_string(opcode))));
+  return wc;
+}
+
+/// Takes completions of `cq` until those still pending have come: a send's and a
+/// receive's can complete in either order. Returns the receive's byte count (0 when no
+/// receive was pending).
+inline rpmapp::expected<std::uint32_t> await_send_recv(rpmapp::Cq& cq, bool send_pending,
+                                                       bool recv_pending) {
+  std::uint32_t received = 0;
+  while (send_pending || recv_pending) {
+    auto wc = next_completion(cq);
+    if (!wc) return rpmapp::unexpected(wc.error());
+    if (wc->opcode == IBV_WC_SEND && send_pending) {
+      send_pending = false;
+    } else if (wc->opcode == IBV_WC_RECV && recv_pending) {
+      recv_pending = false;
+      received = wc->byte_len;
+    } else {
+      return rpmapp::unexpected(unexpected_completion(*wc, "a send or a receive"));
+    }
+  }
+  return received;
 }
 
 }  // namespace example

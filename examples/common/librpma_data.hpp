@@ -5,12 +5,13 @@
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 
 namespace example {
@@ -29,13 +30,22 @@ static_assert(sizeof(CommonData) == 28);
 static_assert(offsetof(CommonData, mr_desc_size) == 2 && offsetof(CommonData, pcfg_desc_size) == 3 &&
               offsetof(CommonData, descriptors) == 4);
 
-/// The CommonData a server sends for `mr`: its descriptor first, data_offset 0, no peer
-/// configuration. Errors: as MrLocal::write_descriptor (inval when `mr` is empty).
-inline rpmapp::expected<CommonData> common_data_for(const rpmapp::MrLocal& mr) {
+/// The CommonData a server sends for `mr`: `data_offset`, and in `descriptors` the region's
+/// descriptor, then, when given, `config`'s (pcfg_desc_size 1). Errors: as MrLocal::write_descriptor (inval when `mr` is
+/// empty).
+inline rpmapp::expected<CommonData> common_data_for(const rpmapp::MrLocal& mr,
+                                                    std::uint16_t data_offset = 0,
+                                                    std::optional<rpmapp::PeerConfig> config = {}) {
   CommonData data;
+  data.data_offset = data_offset;
   auto size = mr.write_descriptor(data.descriptors);
   if (!size) return rpmapp::unexpected(size.error());
   data.mr_desc_size = static_cast<std::uint8_t>(*size);
+  if (config) {
+    const auto pcfg = config->descriptor();
+    std::memcpy(data.descriptors.data() + *size, pcfg.data(), pcfg.size());
+    data.pcfg_desc_size = static_cast<std::uint8_t>(pcfg.size());
+  }
   return data;
 }
 
@@ -75,6 +85,22 @@ inline rpmapp::expected<rpmapp::MrRemote> remote_region(const CommonData& data) 
                     data.mr_desc_size, data.descriptors.size())));
   return rpmapp::MrRemote::from_descriptor(
       std::span<const std::byte>(data.descriptors).first(data.mr_desc_size));
+}
+
+/// The peer configuration described by `data` (pcfg_desc_size bytes after the region's
+/// descriptor); nullopt when it carries none. Errors: inval from
+/// PeerConfig::from_descriptor, or when the sizes exceed `descriptors`.
+inline rpmapp::expected<std::optional<rpmapp::PeerConfig>> remote_peer_config(const CommonData& data) {
+  if (data.pcfg_desc_size == 0) return std::nullopt;
+  if (data.mr_desc_size + data.pcfg_desc_size > data.descriptors.size())
+    return rpmapp::unexpected(rpmapp::Error(
+        rpmapp::errc::inval, 0, "remote_peer_config",
+        fmt::format("descriptor sizes {} + {} exceed the {} bytes of common_data's descriptors",
+                    data.mr_desc_size, data.pcfg_desc_size, data.descriptors.size())));
+  auto config = rpmapp::PeerConfig::from_descriptor(
+      std::span<const std::byte>(data.descriptors).subspan(data.mr_desc_size, data.pcfg_desc_size));
+  if (!config) return rpmapp::unexpected(config.error());
+  return *config;
 }
 
 }  // namespace example

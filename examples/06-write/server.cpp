@@ -1,0 +1,58 @@
+// 06-write, server: exposes a region the client may write (MrUsage::write_dst), sends its
+// descriptor in the private data (librpma's examples' common_data) and, once the client
+// has disconnected, prints what the client wrote there.
+#include "../common/common.hpp"
+#include "../common/librpma_data.hpp"
+
+#include <rpmapp/rpmapp.hpp>
+
+#include <fmt/core.h>
+
+#include <array>
+
+constexpr std::string_view expected_text = "hello from the 06-write client";
+
+int main(int argc, char** argv) {
+  std::string_view addr, port;
+  if (!example::parse_args(argc, argv, addr, port)) return 2;
+
+  auto peer = rpmapp::Peer::from_address(addr, rpmapp::AddressKind::local);
+  if (!peer) return example::fail(peer.error());
+
+  // Zeroed, so that whatever the client writes reads back as a NUL-terminated text.
+  std::array<std::byte, 1024> memory{};
+  auto mr = rpmapp::MrLocal::reg(*peer, memory, rpmapp::MrUsage::write_dst);
+  if (!mr) return example::fail(mr.error());
+  auto data = example::common_data_for(*mr);
+  if (!data) return example::fail(data.error());
+
+  auto endpoint = rpmapp::Endpoint::listen(*peer, addr, port);
+  if (!endpoint) return example::fail(endpoint.error());
+  if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
+
+  auto req = endpoint->next_conn_req_for(example::wait_bound);
+  if (!req) return example::fail(req.error());
+  auto conn = std::move(*req).connect(example::bytes_of(*data));
+  if (!conn) return example::fail(conn.error());
+  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::established); !ok)
+    return example::fail(ok.error());
+  fmt::print("connection established, region of {} bytes exposed for writing\n", memory.size());
+
+  // The server takes no part in the write: it learns that the client is done from the
+  // disconnection (the client disconnects only after its write completed).
+  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::closed); !ok)
+    return example::fail(ok.error());
+  fmt::print("connection closed by the client\n");
+
+  const std::string_view text = rpmapp::as_text(memory);
+  fmt::print("the client wrote: \"{}\"\n", text);
+  if (text != expected_text) {
+    fmt::print(stderr, "error: expected \"{}\"\n", expected_text);
+    return 1;
+  }
+
+  if (auto ok = std::move(*conn).close(); !ok) return example::fail(ok.error());
+  if (auto ok = std::move(*mr).dereg(); !ok) return example::fail(ok.error());
+  if (auto ok = std::move(*endpoint).shutdown(); !ok) return example::fail(ok.error());
+  return 0;
+}
