@@ -287,6 +287,10 @@ class Conn {
   /// Starts disconnecting. The peer sees ConnEvent::closed; this side sees closed once the
   /// peer has also called disconnect() (or destroyed its connection), or after the CM's
   /// timeout: call disconnect() on both sides, as with librpma.
+  /// On the accepting side, wait for ConnEvent::established first: before it the IB CM can
+  /// send neither a DREQ nor a DREP, so rdma_disconnect only moves the queue pair to the
+  /// error state and returns success, and the peer may never see closed (seen on rxe when a
+  /// client's message was answered before the server's ESTABLISHED arrived).
   /// Errors: inval when empty; provider: rdma_disconnect failed.
   expected<void> disconnect() noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::disconnect"));
