@@ -114,11 +114,17 @@ inline expected<void> post_send(ibv_qp* qp, ibv_send_wr& wr) noexcept {
   return {};
 }
 
-inline expected<void> post_recv(ibv_qp* qp, ibv_sge sge, std::uint64_t context) noexcept {
+/// A receive work request of one (or, for a length of 0, no) scatter/gather entry.
+inline ibv_recv_wr recv_wr(ibv_sge& sge, std::uint64_t context) noexcept {
   ibv_recv_wr wr{};
   wr.wr_id = context;
   wr.sg_list = sge.length != 0 ? &sge : nullptr;
   wr.num_sge = sge.length != 0 ? 1 : 0;
+  return wr;
+}
+
+inline expected<void> post_recv(ibv_qp* qp, ibv_sge sge, std::uint64_t context) noexcept {
+  ibv_recv_wr wr = recv_wr(sge, context);
   ibv_recv_wr* bad = nullptr;
   if (int rc = provider().post_recv(qp, &wr, &bad); rc != 0) [[unlikely]]
     return fail(post_error("ibv_post_recv", rc));
@@ -126,10 +132,7 @@ inline expected<void> post_recv(ibv_qp* qp, ibv_sge sge, std::uint64_t context) 
 }
 
 inline expected<void> post_srq_recv(ibv_srq* srq, ibv_sge sge, std::uint64_t context) noexcept {
-  ibv_recv_wr wr{};
-  wr.wr_id = context;
-  wr.sg_list = sge.length != 0 ? &sge : nullptr;
-  wr.num_sge = sge.length != 0 ? 1 : 0;
+  ibv_recv_wr wr = recv_wr(sge, context);
   ibv_recv_wr* bad = nullptr;
   if (int rc = provider().post_srq_recv(srq, &wr, &bad); rc != 0) [[unlikely]]
     return fail(post_error("ibv_post_srq_recv", rc));
@@ -142,20 +145,7 @@ inline expected<ibv_sge> recv_sge(const char* call, const MrLocal& dst, std::siz
   return local_sge(call, dst, offset, len, MrUsage::recv, pd);
 }
 
-/// An RDMA work request (read / write / write with immediate) of one entry.
-inline ibv_send_wr rdma_wr(ibv_wr_opcode opcode, ibv_sge& sge, const MrRemote& remote,
-                           std::size_t remote_offset, Completion when, std::uint64_t context) noexcept {
-  ibv_send_wr wr{};
-  wr.wr_id = context;
-  wr.opcode = opcode;
-  wr.sg_list = sge.length != 0 ? &sge : nullptr;
-  wr.num_sge = sge.length != 0 ? 1 : 0;
-  wr.send_flags = signaled(when);
-  wr.wr.rdma.remote_addr = remote.address() + remote_offset;
-  wr.wr.rdma.rkey = remote.rkey();
-  return wr;
-}
-
+/// A send-queue work request of one (or, for a length of 0, no) scatter/gather entry.
 inline ibv_send_wr send_wr(ibv_wr_opcode opcode, ibv_sge& sge, Completion when,
                            std::uint64_t context) noexcept {
   ibv_send_wr wr{};
@@ -164,6 +154,15 @@ inline ibv_send_wr send_wr(ibv_wr_opcode opcode, ibv_sge& sge, Completion when,
   wr.sg_list = sge.length != 0 ? &sge : nullptr;
   wr.num_sge = sge.length != 0 ? 1 : 0;
   wr.send_flags = signaled(when);
+  return wr;
+}
+
+/// An RDMA work request (read / write / write with immediate) to the peer's `remote`.
+inline ibv_send_wr rdma_wr(ibv_wr_opcode opcode, ibv_sge& sge, const MrRemote& remote,
+                           std::size_t remote_offset, Completion when, std::uint64_t context) noexcept {
+  ibv_send_wr wr = send_wr(opcode, sge, when, context);
+  wr.wr.rdma.remote_addr = remote.address() + remote_offset;
+  wr.wr.rdma.rkey = remote.rkey();
   return wr;
 }
 
