@@ -1122,6 +1122,11 @@ struct FakeProvider::Impl {
       return -EINVAL;
     }
     auto& info = f().cqs_[cq];
+    if (info.poll_result) {
+      const int result = *info.poll_result;
+      info.poll_result.reset();
+      return result;
+    }
     int taken = 0;
     while (taken < n && !info.wcs.empty()) {
       out[taken++] = info.wcs.front();
@@ -1781,6 +1786,12 @@ void FakeProvider::complete_after_empty_poll(ibv_cq* cq, const ibv_wc& wc) {
   auto held = lock();
   REQUIRE(cqs_.count(cq));
   cqs_[cq].after_empty_poll = wc;
+}
+
+void FakeProvider::poll_cq_returns(ibv_cq* cq, int result) {
+  auto held = lock();
+  REQUIRE(cqs_.count(cq));
+  cqs_[cq].poll_result = result;
 }
 
 std::size_t FakeProvider::outstanding_sends(ibv_qp* qp) const {

@@ -235,6 +235,9 @@ class FakeProvider {
   /// The next ibv_poll_cq that finds `cq` empty then adds `wc`: a completion arriving
   /// right after the poll (before the caller waits).
   void complete_after_empty_poll(ibv_cq* cq, const ibv_wc& wc);
+  /// The next ibv_poll_cq on `cq` returns `result` and writes nothing: a provider's
+  /// negative value (-1, a negative errno...), or more completions than were asked for.
+  void poll_cq_returns(ibv_cq* cq, int result);
   std::size_t outstanding_sends(ibv_qp* qp) const;
   std::size_t outstanding_recvs(ibv_qp* qp) const;
   std::size_t outstanding_srq_recvs(ibv_srq* srq) const;
@@ -315,6 +318,7 @@ class FakeProvider {
     bool armed = false;
     unsigned unacked = 0;  // events delivered and not acknowledged
     std::optional<ibv_wc> after_empty_poll;
+    std::optional<int> poll_result;  // poll_cq_returns
   };
   struct CompChannelInfo {
     std::deque<ibv_cq*> events;
