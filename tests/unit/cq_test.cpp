@@ -2,6 +2,7 @@
 // the shared completion channel of a connection, check(wc), and provider failures.
 #include "data_util.hpp"
 
+#include <cstring>
 #include <thread>
 
 using namespace test;
@@ -16,6 +17,43 @@ ibv_wc completion(std::uint64_t wr_id, ibv_wc_status status = IBV_WC_SUCCESS,
   wc.status = status;
   wc.opcode = opcode;
   return wc;
+}
+
+/// Completions poisoned with 0xAB bytes: a caller's buffer, to prove a failed call did not
+/// write it.
+template <std::size_t N> struct PoisonedWcs {
+  ibv_wc wc[N];
+  PoisonedWcs() { std::memset(wc, 0xAB, sizeof wc); }
+  std::span<ibv_wc> span() { return wc; }
+  bool untouched() const {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(wc);
+    for (std::size_t i = 0; i < sizeof wc; ++i)
+      if (bytes[i] != 0xAB) return false;
+    return true;
+  }
+};
+
+/// How long `f` took.
+template <class F> std::chrono::steady_clock::duration timed(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::steady_clock::now() - start;
+}
+
+/// ibv_poll_cq sets no errno: a negative return is a provider error that says what it was.
+void check_poll_cq_returned(const Error& e, int returned) {
+  INFO("error: " << e.message());
+  CHECK(e.code() == errc::provider);
+  CHECK(e.sys_errno() == 0);
+  CHECK(e.call() == "ibv_poll_cq");
+  CHECK_THAT(e.message(), Catch::Contains("returned " + std::to_string(returned)));
+}
+
+ConnConfig shared_channel_config() {
+  ConnConfig cfg;
+  cfg.rcq_size = 5;
+  cfg.shared_completion_channel = true;
+  return cfg;
 }
 
 struct Connected {
@@ -156,20 +194,193 @@ TEST_CASE("Cq::wait retries EINTR (poll and ibv_get_cq_event)", "[cq][wait]") {
   }
 }
 
-TEST_CASE("Cq::wait: each provider call fails in turn", "[cq][fail-each]") {
+TEST_CASE("Cq::wait, try_wait, wait_for: each provider call fails in turn; the CQ stays usable",
+          "[cq][fail-each]") {
   const std::vector<std::string> calls = {"poll", "ibv_get_cq_event", "ibv_ack_cq_events",
                                           "ibv_req_notify_cq"};
-  for (int err : {kErr, ENOMEM}) {
-    fail_each_call(calls, err, [](fake::FakeProvider& fake, Probe& probe) {
-      Connected c(fake);
-      fake.add_completion(c.raw, completion(1));
-      probe.begin();
-      auto waited = c.cq.wait();
-      probe.end();
-      probe.check_outcome(waited);
-      CHECK(fake.alive("unacked_cq_event") == 0);  // acknowledged whatever failed after
-    });
+  for (int variant = 0; variant < 3; ++variant) {
+    for (int err : {kErr, ENOMEM}) {
+      INFO("variant " << variant);
+      fail_each_call(calls, err, [&](fake::FakeProvider& fake, Probe& probe) {
+        Connected c(fake);
+        fake.add_completion(c.raw, completion(1));
+        probe.begin();
+        auto waited = variant == 0 ? c.cq.wait() : variant == 1 ? c.cq.try_wait() : c.cq.wait_for(1s);
+        probe.end();
+        const bool failed = probe.check_outcome(waited);
+        CHECK(fake.alive("unacked_cq_event") == 0);  // acknowledged whatever failed after
+        if (failed) {
+          if (probe.injected()->call == "ibv_req_notify_cq") {
+            CHECK_FALSE(fake.armed(c.raw));  // taken and acknowledged, not re-armed
+          } else {
+            // The event was not taken: the next wait takes it.
+            CHECK(fake.cq_events_queued(c.raw->channel) == 1);
+            REQUIRE(c.cq.try_wait());
+            CHECK(fake.armed(c.raw));
+          }
+        }
+        ibv_wc wc;
+        auto got = c.cq.get({&wc, 1});
+        REQUIRE(got);
+        CHECK(wc.wr_id == 1);
+      });
+    }
   }
+}
+
+TEST_CASE("Cq::next, next_for: each provider call fails in turn; the caller's buffer untouched",
+          "[cq][fail-each][next]") {
+  const std::vector<std::string> calls = {"ibv_poll_cq",       "poll",        "ibv_get_cq_event",
+                                          "ibv_ack_cq_events", "ibv_req_notify_cq", "ibv_poll_cq"};
+  for (int variant = 0; variant < 2; ++variant) {
+    for (int err : {kErr, ENOMEM}) {
+      INFO("variant " << variant);
+      fail_each_call(calls, err, [&](fake::FakeProvider& fake, Probe& probe) {
+        Connected c(fake);
+        fake.complete_after_empty_poll(c.raw, completion(1));
+        PoisonedWcs<2> out;
+        probe.begin();
+        auto got = variant == 0 ? c.cq.next(out.span()) : c.cq.next_for(out.span(), 1s);
+        probe.end();
+        if (!probe.failing()) {
+          REQUIRE(got);
+          REQUIRE(got->size() == 1);
+          CHECK(out.wc[0].wr_id == 1);
+          return;
+        }
+        REQUIRE_FALSE(got);
+        if (probe.injected()->call == "ibv_poll_cq") check_poll_cq_returned(got.error(), -err);
+        else probe.check(got.error());
+        CHECK(out.untouched());
+        CHECK(fake.alive("unacked_cq_event") == 0);
+        // Still usable: the completion is read (waiting for it first when it is not there yet).
+        auto again = c.cq.next_for(out.span(), 1s);
+        INFO((again ? std::string() : again.error().message()));
+        REQUIRE(again);
+        REQUIRE(again->size() == 1);
+        CHECK(out.wc[0].wr_id == 1);
+      });
+    }
+  }
+}
+
+TEST_CASE("Conn::wait_completion, try_ and _for: each provider call fails in turn; the queues stay usable",
+          "[cq][fail-each][shared]") {
+  const std::vector<std::string> calls = {"poll", "ibv_get_cq_event", "ibv_ack_cq_events",
+                                          "ibv_req_notify_cq"};
+  for (int variant = 0; variant < 3; ++variant) {
+    for (int err : {kErr, ENOMEM}) {
+      INFO("variant " << variant);
+      fail_each_call(calls, err, [&](fake::FakeProvider& fake, Probe& probe) {
+        Connected c(fake, shared_channel_config());
+        Cq rcq = *c.conn.rcq();
+        fake.add_completion(*rcq.native(), completion(1, IBV_WC_SUCCESS, IBV_WC_RECV));
+        probe.begin();
+        auto fired = variant == 0   ? c.conn.wait_completion()
+                     : variant == 1 ? c.conn.try_wait_completion()
+                                    : c.conn.wait_completion_for(1s);
+        probe.end();
+        const bool failed = probe.check_outcome(fired);
+        CHECK(fake.alive("unacked_cq_event") == 0);
+        if (!failed) {
+          CHECK(*fired == rcq);
+        } else if (probe.injected()->call == "ibv_req_notify_cq") {
+          CHECK_FALSE(fake.armed(*rcq.native()));
+        } else {
+          auto again = c.conn.try_wait_completion();
+          REQUIRE(again);
+          CHECK(*again == rcq);
+          CHECK(fake.armed(*rcq.native()));
+        }
+        CHECK(fake.armed(c.raw));  // the other queue is not touched
+        ibv_wc wc;
+        REQUIRE(rcq.get({&wc, 1}));
+        CHECK(wc.wr_id == 1);
+      });
+    }
+  }
+}
+
+TEST_CASE("an event for another CQ on the channel: unknown, acknowledged, the queue unchanged",
+          "[cq][wait]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    const auto& p = rpmapp::detail::provider();
+    ibv_cq* other = p.create_cq(c.raw->context, 4, nullptr, c.raw->channel, 0);
+    REQUIRE(other);
+    for (int variant = 0; variant < 5; ++variant) {
+      INFO("variant " << variant);
+      REQUIRE(p.req_notify_cq(other, 0) == 0);
+      fake.add_completion(other, completion(100));
+      REQUIRE(fake.cq_events_queued(c.raw->channel) == 1);
+      PoisonedWcs<1> out;
+      const unsigned long acked = fake.acked_cq_events();
+      expected<void> waited;
+      if (variant < 3) {
+        waited = variant == 0 ? c.cq.wait() : variant == 1 ? c.cq.try_wait() : c.cq.wait_for(1s);
+      } else {
+        auto got = variant == 3 ? c.cq.next(out.span()) : c.cq.next_for(out.span(), 1s);
+        if (!got) waited = rpmapp::unexpected(got.error());
+        CHECK(out.untouched());
+      }
+      REQUIRE_FALSE(waited);
+      INFO("error: " << waited.error().message());
+      CHECK(waited.error().code() == errc::unknown);
+      CHECK(waited.error().sys_errno() == 0);
+      CHECK(waited.error().call() == "ibv_get_cq_event");
+      CHECK(fake.acked_cq_events() == acked + 1);
+      CHECK(fake.alive("unacked_cq_event") == 0);
+      CHECK(fake.cq_events_queued(c.raw->channel) == 0);
+      CHECK(fake.armed(c.raw));  // still armed: its own event will come
+      ibv_wc drained;
+      REQUIRE(p.poll_cq(other, 1, &drained) == 1);
+    }
+    fake.add_completion(c.raw, completion(7));
+    REQUIRE(c.cq.wait_for(1s));
+    ibv_wc wc;
+    REQUIRE(c.cq.get({&wc, 1}));
+    CHECK(wc.wr_id == 7);
+    CHECK(p.destroy_cq(other) == 0);  // no unacknowledged event on it
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("Conn::wait_completion: an event for a queue not of this connection is unknown, acknowledged",
+          "[cq][shared]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake, shared_channel_config());
+    Cq rcq = *c.conn.rcq();
+    const auto& p = rpmapp::detail::provider();
+    ibv_cq* other = p.create_cq(c.raw->context, 4, nullptr, c.raw->channel, 0);
+    REQUIRE(other);
+    for (int variant = 0; variant < 3; ++variant) {
+      INFO("variant " << variant);
+      REQUIRE(p.req_notify_cq(other, 0) == 0);
+      fake.add_completion(other, completion(100));
+      auto fired = variant == 0   ? c.conn.wait_completion()
+                   : variant == 1 ? c.conn.try_wait_completion()
+                                  : c.conn.wait_completion_for(1s);
+      REQUIRE_FALSE(fired);
+      INFO("error: " << fired.error().message());
+      CHECK(fired.error().code() == errc::unknown);
+      CHECK(fired.error().sys_errno() == 0);
+      CHECK(fired.error().call() == "ibv_get_cq_event");
+      CHECK(fake.alive("unacked_cq_event") == 0);
+      CHECK(fake.cq_events_queued(c.raw->channel) == 0);
+      CHECK(fake.armed(c.raw));
+      CHECK(fake.armed(*rcq.native()));
+      ibv_wc drained;
+      REQUIRE(p.poll_cq(other, 1, &drained) == 1);
+    }
+    fake.add_completion(*rcq.native(), completion(8, IBV_WC_SUCCESS, IBV_WC_RECV));
+    auto fired = c.conn.wait_completion_for(1s);
+    REQUIRE(fired);
+    CHECK(*fired == rcq);
+    CHECK(p.destroy_cq(other) == 0);
+  }
+  fake.expect_clean();
 }
 
 TEST_CASE("Cq::next: a completion arriving between the poll and the wait is not lost", "[cq][next]") {
@@ -333,6 +544,116 @@ TEST_CASE("a connection's work completions end up on the right CQ", "[cq]") {
     REQUIRE(recvs->size() == 1);
     CHECK(wc[0].wr_id == 1);
     CHECK(wc[0].byte_len == 3);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("bounded waits: no_completion after about their bound; zero or negative is a try",
+          "[cq][wait][timing]") {
+  constexpr auto bound = 80ms;
+  constexpr auto margin = 1500ms;  // generous: a loaded CI machine, sanitizers
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    Connected s(fake, shared_channel_config());
+    PoisonedWcs<2> out;
+    auto check_bounded = [&](auto&& wait, const char* what) {
+      INFO(what);
+      errc code = errc::inval;
+      const auto took = timed([&] {
+        auto r = wait(bound);
+        REQUIRE_FALSE(r);
+        code = r.error().code();
+      });
+      CHECK(code == errc::no_completion);
+      CHECK(took >= bound);
+      CHECK(took < bound + margin);
+    };
+    check_bounded([&](auto t) { return c.cq.wait_for(t); }, "Cq::wait_for");
+    check_bounded([&](auto t) { return c.cq.next_for(out.span(), t); }, "Cq::next_for");
+    check_bounded([&](auto t) { return s.conn.wait_completion_for(t); }, "Conn::wait_completion_for");
+    CHECK(out.untouched());
+
+    // Zero or negative: a try, returning at once (a wait forever would meet the fake's
+    // watchdog and be recorded as a hang).
+    for (auto t : {0ms, -1ms, -5000ms}) {
+      INFO("timeout " << t.count() << "ms");
+      const auto quick = fake.watchdog / 4;
+      CHECK(timed([&] { CHECK(c.cq.wait_for(t).error().code() == errc::no_completion); }) < quick);
+      CHECK(timed([&] { CHECK(c.cq.next_for(out.span(), t).error().code() == errc::no_completion); }) < quick);
+      CHECK(timed([&] {
+              CHECK(s.conn.wait_completion_for(t).error().code() == errc::no_completion);
+            }) < quick);
+      CHECK(out.untouched());
+      // What is pending is still taken.
+      fake.add_completion(c.raw, completion(1));
+      CHECK(c.cq.wait_for(t));
+      fake.add_completion(c.raw, completion(2));
+      auto got = c.cq.next_for(out.span(), t);
+      REQUIRE(got);
+      REQUIRE(got->size() == 2);
+      CHECK(out.wc[0].wr_id == 1);
+      CHECK(out.wc[1].wr_id == 2);
+      std::memset(out.wc, 0xAB, sizeof out.wc);
+      fake.add_completion(s.raw, completion(3));
+      auto fired = s.conn.wait_completion_for(t);
+      REQUIRE(fired);
+      CHECK(*fired == s.cq);
+      ibv_wc wc;
+      REQUIRE(s.cq.get({&wc, 1}));
+      CHECK(wc.wr_id == 3);
+      // The event of completion 2 is still queued: take it so the next round starts empty.
+      REQUIRE(c.cq.try_wait());
+    }
+    CHECK(fake.alive("unacked_cq_event") == 0);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("Cq::get: ibv_poll_cq returning a negative value or more than asked", "[cq]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    fake.add_completion(c.raw, completion(1));
+    PoisonedWcs<2> out;
+    for (int returned : {-1, -2, -EINVAL, -1000}) {
+      INFO("returned " << returned);
+      fake.poll_cq_returns(c.raw, returned);
+      auto got = c.cq.get(out.span());
+      REQUIRE_FALSE(got);
+      check_poll_cq_returned(got.error(), returned);
+      CHECK(out.untouched());
+      // next / next_for: the error at once, no wait.
+      fake.poll_cq_returns(c.raw, returned);
+      const auto mark = fake.mark();
+      auto next = c.cq.next_for(out.span(), 1s);
+      REQUIRE_FALSE(next);
+      check_poll_cq_returned(next.error(), returned);
+      CHECK(fake.calls_since(mark) == std::vector<std::string>{"ibv_poll_cq"});
+      CHECK(out.untouched());
+    }
+    for (int returned : {3, 1000}) {
+      INFO("returned " << returned);
+      fake.poll_cq_returns(c.raw, returned);
+      auto got = c.cq.get(out.span());
+      REQUIRE_FALSE(got);
+      INFO("error: " << got.error().message());
+      CHECK(got.error().code() == errc::unknown);
+      CHECK(got.error().sys_errno() == 0);
+      CHECK(got.error().call() == "ibv_poll_cq");
+      CHECK_THAT(got.error().message(),
+                 Catch::Contains("returned " + std::to_string(returned) + " completions for room for 2"));
+      fake.poll_cq_returns(c.raw, returned);
+      auto next = c.cq.next(out.span());
+      REQUIRE_FALSE(next);
+      CHECK(next.error().code() == errc::unknown);
+    }
+    // The queue is still read as before.
+    auto got = c.cq.get(out.span());
+    REQUIRE(got);
+    REQUIRE(got->size() == 1);
+    CHECK(out.wc[0].wr_id == 1);
+    REQUIRE(c.cq.try_wait());  // its event
   }
   fake.expect_clean();
 }
