@@ -1,5 +1,7 @@
 // Cq: get, wait / try_wait / wait_for, next (no completion lost between poll and wait),
-// the shared completion channel of a connection, check(wc), and provider failures.
+// the shared completion channel of a connection, check(wc), provider failures (each call in
+// turn, ibv_poll_cq returning a negative value or too many), events for another CQ, and how
+// long bounded waits last.
 #include "data_util.hpp"
 
 #include <cstring>

@@ -1,6 +1,9 @@
-// Srq: creation and its failures, receives (bounds, usage, queue full), close, and the
-// lifetime rules: connections keep the queue alive; a queue of another Peer is inval.
+// Srq: creation and its failures, receives (bounds, usage, queue full), close, reading its CQ
+// with provider calls failing, and the lifetime rules: connections keep the queue alive; a
+// queue of another Peer is inval.
 #include "data_util.hpp"
+
+#include <cstring>
 
 using namespace test;
 
@@ -260,4 +263,47 @@ TEST_CASE("a shared completion channel with a shared receive queue that has its 
     CHECK(*fired == rcq);
   }
   fake.expect_clean();
+}
+
+TEST_CASE("a shared receive queue's CQ: next_for with each provider call failing in turn", "[srq][fail-each]") {
+  const std::vector<std::string> calls = {"ibv_poll_cq",       "poll",        "ibv_get_cq_event",
+                                          "ibv_ack_cq_events", "ibv_req_notify_cq", "ibv_poll_cq"};
+  fail_each_call(calls, kErr, [](fake::FakeProvider& fake, Probe& probe) {
+    Peer peer = open_peer(fake);
+    auto srq = Srq::create(peer, SrqConfig{4, 4});
+    REQUIRE(srq);
+    Cq rcq = *srq->rcq();
+    ibv_wc arrives{};
+    arrives.wr_id = 8;
+    arrives.opcode = IBV_WC_RECV;
+    fake.complete_after_empty_poll(*rcq.native(), arrives);
+    ibv_wc out[2];
+    std::memset(out, 0xAB, sizeof out);
+    ibv_wc poisoned[2];
+    std::memset(poisoned, 0xAB, sizeof poisoned);
+    probe.begin();
+    auto got = rcq.next_for(out, std::chrono::seconds(1));
+    probe.end();
+    if (!probe.failing()) {
+      REQUIRE(got);
+      REQUIRE(got->size() == 1);
+      CHECK(out[0].wr_id == 8);
+      return;
+    }
+    REQUIRE_FALSE(got);
+    if (probe.injected()->call == "ibv_poll_cq") {  // no errno: what it returned
+      CHECK(got.error().code() == errc::provider);
+      CHECK(got.error().sys_errno() == 0);
+      CHECK(got.error().call() == "ibv_poll_cq");
+      CHECK_THAT(got.error().message(), Catch::Contains("returned -" + std::to_string(kErr)));
+    } else {
+      probe.check(got.error());
+    }
+    CHECK(std::memcmp(out, poisoned, sizeof out) == 0);  // untouched
+    CHECK(fake.alive("unacked_cq_event") == 0);
+    auto again = rcq.next_for(out, std::chrono::seconds(1));
+    REQUIRE(again);
+    REQUIRE(again->size() == 1);
+    CHECK(out[0].wr_id == 8);
+  });
 }
