@@ -128,13 +128,23 @@ class Cq {
   /// the wait.
   /// Errors: inval when empty; shared_channel (wait on the Conn); no_completion (only from
   /// try_wait / wait_for: no event in time); provider: poll, ibv_get_cq_event or
-  /// ibv_req_notify_cq failed; unknown: the event was for another queue.
+  /// ibv_req_notify_cq failed (the event was taken and acknowledged, but the queue is not
+  /// armed: its completions can still be read with get(); call arm() before waiting again);
+  /// unknown: the event was for another queue.
   expected<void> wait() noexcept { return wait_event("Cq::wait", detail::Wait::forever()); }
   /// As wait(), returning no_completion at once when no event is pending.
   expected<void> try_wait() noexcept { return wait_event("Cq::try_wait", detail::Wait::none()); }
   /// As wait(), returning no_completion when no event came within `timeout`.
   expected<void> wait_for(std::chrono::milliseconds timeout) noexcept {
     return wait_event("Cq::wait_for", detail::Wait::bounded(timeout));
+  }
+
+  /// Asks for the queue's next completion event (ibv_req_notify_cq). wait() does this after
+  /// each event; call it only to recover from a wait that failed in ibv_req_notify_cq.
+  /// Errors: inval when empty; provider: ibv_req_notify_cq failed.
+  expected<void> arm() noexcept {
+    if (!cq_) return detail::fail(empty("Cq::arm"));
+    return detail::rearm(cq_);
   }
 
   /// Polls up to out.size() completions into `out` without waiting (librpma's

@@ -214,6 +214,8 @@ TEST_CASE("Cq::wait, try_wait, wait_for: each provider call fails in turn; the C
         if (failed) {
           if (probe.injected()->call == "ibv_req_notify_cq") {
             CHECK_FALSE(fake.armed(c.raw));  // taken and acknowledged, not re-armed
+            REQUIRE(c.cq.arm());             // the documented recovery
+            CHECK(fake.armed(c.raw));
           } else {
             // The event was not taken: the next wait takes it.
             CHECK(fake.cq_events_queued(c.raw->channel) == 1);
