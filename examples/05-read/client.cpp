@@ -30,31 +30,21 @@ int main(int argc, char** argv) {
   if (!conn) return example::fail(conn.error());
 
   // The server's descriptor: untrusted bytes, parsed and checked before any use.
-  auto received = conn->private_data();
-  if (!received) return example::fail(received.error());
-  auto data = example::parse_common_data(*received);
-  if (!data) return example::fail(data.error());
-  auto src = example::remote_region(*data);
-  if (!src) return example::fail(src.error());
-  if (src->size() > memory.size())
+  auto server = example::server_region(*conn);
+  if (!server) return example::fail(server.error());
+  const rpmapp::MrRemote& src = server->region;
+  if (src.size() > memory.size())
     return example::fail(rpmapp::Error(
         rpmapp::errc::inval, 0, "05-read client",
-        fmt::format("the server's region of {} bytes does not fit in {} bytes", src->size(), memory.size())));
-  const auto size = static_cast<std::size_t>(src->size());
+        fmt::format("the server's region of {} bytes does not fit in {} bytes", src.size(), memory.size())));
+  const auto size = static_cast<std::size_t>(src.size());
 
   // One READ of the whole region; Conn::read checks that the server registered it as a
   // read source and that it fits in `dst`.
-  if (auto ok = conn->read(*dst, 0, *src, 0, size); !ok) return example::fail(ok.error());
+  if (auto ok = conn->read(*dst, 0, src, 0, size); !ok) return example::fail(ok.error());
   auto cq = conn->cq();
   if (!cq) return example::fail(cq.error());
-  std::array<ibv_wc, 1> wc{};
-  auto done = cq->next_for(wc, example::wait_bound);
-  if (!done) return example::fail(done.error());
-  if (auto ok = rpmapp::check(done->front()); !ok) return example::fail(ok.error());
-  if (done->front().opcode != IBV_WC_RDMA_READ)
-    return example::fail(rpmapp::Error(rpmapp::errc::unknown, 0, "05-read client",
-                                       fmt::format("expected a read completion, got {}",
-                                                   rpmapp::to_string(done->front().opcode))));
+  if (auto wc = example::next_completion(*cq, IBV_WC_RDMA_READ); !wc) return example::fail(wc.error());
 
   // The server promised a NUL-terminated text; do not trust it to keep the promise.
   if (std::memchr(memory.data(), '\0', size) == nullptr)

@@ -29,17 +29,14 @@ int main(int argc, char** argv) {
 
   auto conn = example::connect_with_retry(*peer, addr, port, {});
   if (!conn) return example::fail(conn.error());
-  auto received = conn->private_data();
-  if (!received) return example::fail(received.error());
-  auto data = example::parse_common_data(*received);
-  if (!data) return example::fail(data.error());
-  auto region = example::remote_region(*data);
-  if (!region) return example::fail(region.error());
-  fmt::print("the server's region: {} bytes, data at offset {}\n", region->size(),
-             data->data_offset);
+  auto server = example::server_region(*conn);
+  if (!server) return example::fail(server.error());
+  const auto& [data, region] = *server;
+  fmt::print("the server's region: {} bytes, data at offset {}\n", region.size(),
+             data.data_offset);
 
   // Bounds and usage are checked here, before anything is posted.
-  if (auto ok = conn->write(*region, data->data_offset, *mr, 0, len,
+  if (auto ok = conn->write(region, data.data_offset, *mr, 0, len,
                             rpmapp::Completion::always, write_id);
       !ok)
     return example::fail(ok.error());

@@ -26,23 +26,16 @@ int main(int argc, char** argv) {
   auto data = example::common_data_for(*mr);
   if (!data) return example::fail(data.error());
 
-  auto endpoint = rpmapp::Endpoint::listen(*peer, addr, port);
+  auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
-  if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
 
-  auto req = endpoint->next_conn_req_for(example::wait_bound);
-  if (!req) return example::fail(req.error());
-  auto conn = std::move(*req).connect(example::bytes_of(*data));
+  auto conn = example::accept_next(*endpoint, example::bytes_of(*data));
   if (!conn) return example::fail(conn.error());
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::established); !ok)
-    return example::fail(ok.error());
   fmt::print("connection established, region of {} bytes exposed for writing\n", memory.size());
 
   // The server takes no part in the write: it learns that the client is done from the
   // disconnection (the client disconnects only after its write completed).
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::closed); !ok)
-    return example::fail(ok.error());
-  fmt::print("connection closed by the client\n");
+  if (auto ok = example::wait_closed_by_client(*conn); !ok) return example::fail(ok.error());
 
   const std::string_view text = rpmapp::as_text(memory);
   fmt::print("the client wrote: \"{}\"\n", text);
@@ -51,8 +44,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  if (auto ok = std::move(*conn).close(); !ok) return example::fail(ok.error());
-  if (auto ok = std::move(*mr).dereg(); !ok) return example::fail(ok.error());
-  if (auto ok = std::move(*endpoint).shutdown(); !ok) return example::fail(ok.error());
+  if (auto ok = example::close_server(std::move(*conn), std::move(*mr), std::move(*endpoint)); !ok)
+    return example::fail(ok.error());
   return 0;
 }

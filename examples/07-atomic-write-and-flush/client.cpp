@@ -33,13 +33,10 @@ int main(int argc, char** argv) {
 
   auto conn = example::connect_with_retry(*peer, addr, port, {});
   if (!conn) return example::fail(conn.error());
-  auto received = conn->private_data();
-  if (!received) return example::fail(received.error());
-  auto data = example::parse_common_data(*received);
-  if (!data) return example::fail(data.error());
-  auto region = example::remote_region(*data);
-  if (!region) return example::fail(region.error());
-  auto config = example::remote_peer_config(*data);
+  auto server = example::server_region(*conn);
+  if (!server) return example::fail(server.error());
+  const auto& [data, region] = *server;
+  auto config = example::remote_peer_config(data);
   if (!config) return example::fail(config.error());
   if (!*config) {
     fmt::print(stderr, "error: the server sent no peer configuration\n");
@@ -51,12 +48,12 @@ int main(int argc, char** argv) {
   // registered for it; without the first the library refuses it before posting anything.
   if (auto ok = conn->apply_remote_peer_config(server_config); !ok) return example::fail(ok.error());
   const bool persistent = server_config.direct_write_to_pmem &&
-                          rpmapp::has(region->flush_type(), rpmapp::MrUsage::flush_persistent);
+                          rpmapp::has(region.flush_type(), rpmapp::MrUsage::flush_persistent);
   const auto type = persistent ? rpmapp::FlushType::persistent : rpmapp::FlushType::visibility;
   fmt::print("the server's direct_write_to_pmem is {}: flushing for {}\n",
              server_config.direct_write_to_pmem, persistent ? "persistence" : "visibility");
   if (!persistent) {
-    auto refused = conn->flush(*region, data->data_offset, len, rpmapp::FlushType::persistent);
+    auto refused = conn->flush(region, data.data_offset, len, rpmapp::FlushType::persistent);
     if (refused || refused.error() != rpmapp::errc::nosupp) {
       fmt::print(stderr, "error: a persistent flush was not refused\n");
       return 1;
@@ -65,17 +62,17 @@ int main(int argc, char** argv) {
   }
 
   constexpr auto on_error = rpmapp::Completion::on_error;
-  if (auto ok = conn->write(*region, data->data_offset, *mr, 0, len, on_error, write_id); !ok)
+  if (auto ok = conn->write(region, data.data_offset, *mr, 0, len, on_error, write_id); !ok)
     return example::fail(ok.error());
-  if (auto ok = conn->flush(*region, data->data_offset, len, type, on_error, payload_flush_id); !ok)
+  if (auto ok = conn->flush(region, data.data_offset, len, type, on_error, payload_flush_id); !ok)
     return example::fail(ok.error());
   // The marker is copied when posted: a local array will do (the emulated atomic write is
   // an inline write, the native one carries the value in the work request).
   std::array<std::byte, 8> marker{};
   std::memcpy(marker.data(), "ready", 5);
-  if (auto ok = conn->atomic_write(*region, marker_offset, marker, on_error, marker_write_id); !ok)
+  if (auto ok = conn->atomic_write(region, marker_offset, marker, on_error, marker_write_id); !ok)
     return example::fail(ok.error());
-  if (auto ok = conn->flush(*region, marker_offset, marker.size(), type,
+  if (auto ok = conn->flush(region, marker_offset, marker.size(), type,
                             rpmapp::Completion::always, marker_flush_id);
       !ok)
     return example::fail(ok.error());

@@ -25,17 +25,13 @@ int main(int argc, char** argv) {
                                  rpmapp::MrUsage::send | rpmapp::MrUsage::recv);
   if (!mr) return example::fail(mr.error());
 
-  auto endpoint = rpmapp::Endpoint::listen(*peer, addr, port);
+  auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
-  if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
 
-  auto req = endpoint->next_conn_req_for(example::wait_bound);
-  if (!req) return example::fail(req.error());
-  if (auto ok = req->recv(*mr, recv_offset, counter_size); !ok) return example::fail(ok.error());
-  auto conn = std::move(*req).connect();
+  // The first receive is posted on the request, before accepting.
+  auto post_first_recv = [&](rpmapp::ConnReq& req) { return req.recv(*mr, recv_offset, counter_size); };
+  auto conn = example::accept_next(*endpoint, {}, post_first_recv);
   if (!conn) return example::fail(conn.error());
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::established); !ok)
-    return example::fail(ok.error());
   auto cq = conn->cq();
   if (!cq) return example::fail(cq.error());
 
@@ -59,11 +55,8 @@ int main(int argc, char** argv) {
   }
   if (auto ok = example::await_send_recv(*cq, send_pending, false); !ok) return example::fail(ok.error());
 
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::closed); !ok)
+  if (auto ok = example::wait_closed_by_client(*conn); !ok) return example::fail(ok.error());
+  if (auto ok = example::close_server(std::move(*conn), std::move(*mr), std::move(*endpoint)); !ok)
     return example::fail(ok.error());
-  fmt::print("connection closed by the client\n");
-  if (auto ok = std::move(*conn).close(); !ok) return example::fail(ok.error());
-  if (auto ok = std::move(*mr).dereg(); !ok) return example::fail(ok.error());
-  if (auto ok = std::move(*endpoint).shutdown(); !ok) return example::fail(ok.error());
   return 0;
 }

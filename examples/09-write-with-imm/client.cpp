@@ -27,14 +27,11 @@ int main(int argc, char** argv) {
 
   auto conn = example::connect_with_retry(*peer, addr, port, {});
   if (!conn) return example::fail(conn.error());
-  auto received = conn->private_data();
-  if (!received) return example::fail(received.error());
-  auto data = example::parse_common_data(*received);
-  if (!data) return example::fail(data.error());
-  auto region = example::remote_region(*data);
-  if (!region) return example::fail(region.error());
+  auto server = example::server_region(*conn);
+  if (!server) return example::fail(server.error());
+  const auto& [data, region] = *server;
 
-  if (auto ok = conn->write_with_imm(*region, data->data_offset, *mr, 0, len, imm); !ok)
+  if (auto ok = conn->write_with_imm(region, data.data_offset, *mr, 0, len, imm); !ok)
     return example::fail(ok.error());
   auto cq = conn->cq();
   if (!cq) return example::fail(cq.error());

@@ -29,17 +29,13 @@ int main(int argc, char** argv) {
   auto data = example::common_data_for(*mr);
   if (!data) return example::fail(data.error());
 
-  auto endpoint = rpmapp::Endpoint::listen(*peer, addr, port);
+  auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
-  if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
 
-  auto req = endpoint->next_conn_req_for(example::wait_bound);
-  if (!req) return example::fail(req.error());
-  if (auto ok = req->recv(*mr, 0, 0); !ok) return example::fail(ok.error());
-  auto conn = std::move(*req).connect(example::bytes_of(*data));
+  // The receive the immediate data completes is posted on the request, before accepting.
+  auto post_recv = [&](rpmapp::ConnReq& req) { return req.recv(*mr, 0, 0); };
+  auto conn = example::accept_next(*endpoint, example::bytes_of(*data), post_recv);
   if (!conn) return example::fail(conn.error());
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::established); !ok)
-    return example::fail(ok.error());
 
   auto cq = conn->cq();
   if (!cq) return example::fail(cq.error());
@@ -58,11 +54,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::closed); !ok)
+  if (auto ok = example::wait_closed_by_client(*conn); !ok) return example::fail(ok.error());
+  if (auto ok = example::close_server(std::move(*conn), std::move(*mr), std::move(*endpoint)); !ok)
     return example::fail(ok.error());
-  fmt::print("connection closed by the client\n");
-  if (auto ok = std::move(*conn).close(); !ok) return example::fail(ok.error());
-  if (auto ok = std::move(*mr).dereg(); !ok) return example::fail(ok.error());
-  if (auto ok = std::move(*endpoint).shutdown(); !ok) return example::fail(ok.error());
   return 0;
 }

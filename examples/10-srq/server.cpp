@@ -45,9 +45,8 @@ int main(int argc, char** argv) {
   for (std::size_t slot = 0; slot < slots; ++slot)
     if (auto ok = srq->recv(*mr, slot * slot_size, slot_size, slot); !ok) return example::fail(ok.error());
 
-  auto endpoint = rpmapp::Endpoint::listen(*peer, addr, port);
+  auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
-  if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
 
   // Every connection receives through the queue (Conn::recv would be inval on them).
   rpmapp::ConnConfig config;

@@ -56,6 +56,16 @@ inline rpmapp::expected<void> print_listening(const rpmapp::Endpoint& endpoint) 
   return {};
 }
 
+/// Listens on ADDR:PORT with `peer` and prints the "listening on" line (print_listening).
+inline rpmapp::expected<rpmapp::Endpoint> listen_and_print(const rpmapp::Peer& peer,
+                                                           std::string_view addr,
+                                                           std::string_view port) {
+  auto endpoint = rpmapp::Endpoint::listen(peer, addr, port);
+  if (!endpoint) return endpoint;
+  if (auto ok = print_listening(*endpoint); !ok) return rpmapp::unexpected(ok.error());
+  return endpoint;
+}
+
 /// True when `data` starts with the bytes of `text`. rdma_cm zero-pads private data to
 /// the protocol's size (56 bytes on connect, 196 on accept), so compare the sent prefix.
 inline bool has_prefix(std::span<const std::byte> data, std::string_view text) {
@@ -71,6 +81,48 @@ inline rpmapp::expected<void> expect_event(rpmapp::Conn& conn, rpmapp::ConnEvent
         rpmapp::errc::unknown, 0, "expect_event",
         fmt::format("expected {}, got {}", rpmapp::to_string(want), rpmapp::to_string(*event))));
   return {};
+}
+
+/// How a server takes its one client: waits up to wait_bound for the next request of
+/// `endpoint`, lets `prepare(ConnReq&)` (returning expected<void>) act on it before
+/// accepting, e.g. post a receive, accepts it with `private_data` and waits for the
+/// connection to be established.
+template <class Prepare>
+rpmapp::expected<rpmapp::Conn> accept_next(rpmapp::Endpoint& endpoint,
+                                           std::span<const std::byte> private_data,
+                                           Prepare prepare) {
+  auto req = endpoint.next_conn_req_for(wait_bound);
+  if (!req) return rpmapp::unexpected(req.error());
+  if (auto ok = prepare(*req); !ok) return rpmapp::unexpected(ok.error());
+  auto conn = std::move(*req).connect(private_data);
+  if (!conn) return conn;
+  if (auto ok = expect_event(*conn, rpmapp::ConnEvent::established); !ok)
+    return rpmapp::unexpected(ok.error());
+  return conn;
+}
+
+/// accept_next with nothing to do before accepting.
+inline rpmapp::expected<rpmapp::Conn> accept_next(rpmapp::Endpoint& endpoint,
+                                                  std::span<const std::byte> private_data = {}) {
+  return accept_next(endpoint, private_data,
+                     [](rpmapp::ConnReq&) -> rpmapp::expected<void> { return {}; });
+}
+
+/// How a server learns that its client is done: waits for the closed event and prints
+/// "connection closed by the client".
+inline rpmapp::expected<void> wait_closed_by_client(rpmapp::Conn& conn) {
+  if (auto ok = expect_event(conn, rpmapp::ConnEvent::closed); !ok) return ok;
+  fmt::print("connection closed by the client\n");
+  return {};
+}
+
+/// How a server of one client ends: closes the connection, deregisters its region and
+/// shuts the endpoint down, in that order.
+inline rpmapp::expected<void> close_server(rpmapp::Conn&& conn, rpmapp::MrLocal&& mr,
+                                           rpmapp::Endpoint&& endpoint) {
+  if (auto ok = std::move(conn).close(); !ok) return ok;
+  if (auto ok = std::move(mr).dereg(); !ok) return ok;
+  return std::move(endpoint).shutdown();
 }
 
 /// Prints the server's private data, read from the established `conn` (the accept's data),

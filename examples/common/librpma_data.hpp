@@ -103,4 +103,24 @@ inline rpmapp::expected<std::optional<rpmapp::PeerConfig>> remote_peer_config(co
   return *config;
 }
 
+/// What a client learns from the server's private data: the common_data and the region
+/// it describes.
+struct ServerRegion {
+  CommonData data;
+  rpmapp::MrRemote region;
+};
+
+/// Reads the common_data the server sent when accepting `conn` (untrusted bytes: parsed
+/// and checked) and the region it describes. Errors: as Conn::private_data,
+/// parse_common_data and remote_region.
+inline rpmapp::expected<ServerRegion> server_region(const rpmapp::Conn& conn) {
+  auto received = conn.private_data();
+  if (!received) return rpmapp::unexpected(received.error());
+  auto data = parse_common_data(*received);
+  if (!data) return rpmapp::unexpected(data.error());
+  auto region = remote_region(*data);
+  if (!region) return rpmapp::unexpected(region.error());
+  return ServerRegion{*data, *region};
+}
+
 }  // namespace example

@@ -27,29 +27,19 @@ int main(int argc, char** argv) {
 
   auto conn = example::connect_with_retry(*peer, addr, port, {});
   if (!conn) return example::fail(conn.error());
-  auto received = conn->private_data();
-  if (!received) return example::fail(received.error());
-  auto data = example::parse_common_data(*received);
-  if (!data) return example::fail(data.error());
-  auto dst = example::remote_region(*data);
-  if (!dst) return example::fail(dst.error());
+  auto server = example::server_region(*conn);
+  if (!server) return example::fail(server.error());
+  const rpmapp::MrRemote& dst = server->region;
 
   // Conn::write and Conn::flush check the region's size and usages before posting.
-  if (auto ok = conn->write(*dst, 0, *src, 0, memory.size(), rpmapp::Completion::on_error); !ok)
+  if (auto ok = conn->write(dst, 0, *src, 0, memory.size(), rpmapp::Completion::on_error); !ok)
     return example::fail(ok.error());
-  if (auto ok = conn->flush(*dst, 0, memory.size(), rpmapp::FlushType::visibility); !ok)
+  if (auto ok = conn->flush(dst, 0, memory.size(), rpmapp::FlushType::visibility); !ok)
     return example::fail(ok.error());
   auto cq = conn->cq();
   if (!cq) return example::fail(cq.error());
-  std::array<ibv_wc, 1> wc{};
-  auto done = cq->next_for(wc, example::wait_bound);
-  if (!done) return example::fail(done.error());
-  if (auto ok = rpmapp::check(done->front()); !ok) return example::fail(ok.error());
   // The flush is an RDMA READ (librpma's emulation).
-  if (done->front().opcode != IBV_WC_RDMA_READ)
-    return example::fail(rpmapp::Error(rpmapp::errc::unknown, 0, "rpmapp write client",
-                                       fmt::format("expected the flush's read completion, got {}",
-                                                   rpmapp::to_string(done->front().opcode))));
+  if (auto wc = example::next_completion(*cq, IBV_WC_RDMA_READ); !wc) return example::fail(wc.error());
   fmt::print("wrote: \"{}\"\n", memory.data());
 
   if (auto ok = example::disconnect_and_close(*conn); !ok) return example::fail(ok.error());
