@@ -1,6 +1,7 @@
 // What the librpma programs of the interop tests share: the private data of librpma's
 // examples, bounded waits (librpma's calls block: every one here is preceded by a poll of
-// its fd) and the connection steps. Written against librpma 1.2's public API only.
+// its fd), a server's and a client's objects with their setup and teardown, and the
+// connection steps. Written against librpma 1.2's public API only.
 #pragma once
 
 #include <librpma.h>
@@ -47,6 +48,54 @@ inline int fail(const char* what) {
   std::fprintf(stderr, "error: %s\n", what);
   return 1;
 }
+
+/// A server's librpma objects. Each is deleted, errors ignored, at the end of the scope
+/// when still there (an error path); close() is the checked way out.
+struct Server {
+  rpma_peer* peer = nullptr;
+  rpma_mr_local* mr = nullptr;  ///< the region the client reads or writes
+  rpma_ep* ep = nullptr;
+  rpma_conn* conn = nullptr;
+
+  Server() = default;
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  ~Server() {
+    if (conn) (void)rpma_conn_delete(&conn);
+    if (ep) (void)rpma_ep_shutdown(&ep);
+    if (mr) (void)rpma_mr_dereg(&mr);
+    if (peer) (void)rpma_peer_delete(&peer);
+  }
+  /// Once the connection is gone: deregisters the region, shuts the endpoint down and
+  /// deletes the peer. Returns main's exit status.
+  int close() {
+    if (int ret = rpma_mr_dereg(&mr); ret != 0) return fail("rpma_mr_dereg", ret);
+    if (int ret = rpma_ep_shutdown(&ep); ret != 0) return fail("rpma_ep_shutdown", ret);
+    if (int ret = rpma_peer_delete(&peer); ret != 0) return fail("rpma_peer_delete", ret);
+    return 0;
+  }
+};
+
+/// A client's librpma objects, as Server's.
+struct Client {
+  rpma_peer* peer = nullptr;
+  rpma_mr_local* mr = nullptr;        ///< its own region
+  rpma_conn* conn = nullptr;
+  rpma_mr_remote* remote = nullptr;  ///< the server's region
+
+  Client() = default;
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  ~Client() {
+    if (remote) (void)rpma_mr_remote_delete(&remote);
+    if (conn) (void)rpma_conn_delete(&conn);
+    if (mr) (void)rpma_mr_dereg(&mr);
+    if (peer) (void)rpma_peer_delete(&peer);
+  }
+  /// Deletes the server's region, disconnects (disconnect(): prints "disconnected"),
+  /// deregisters its region and deletes the peer. Returns main's exit status.
+  int close();
+};
 
 /// Checks `prog ADDR PORT`.
 inline bool parse_args(int argc, char** argv) {
@@ -98,6 +147,28 @@ inline int expect_event(rpma_conn* conn, rpma_conn_event want) {
   std::fprintf(stderr, "error: expected %s, got %s\n", rpma_utils_conn_event_2str(want),
                rpma_utils_conn_event_2str(event));
   return 1;
+}
+
+/// Opens a peer on the device of `addr` and registers `size` bytes at `ptr` there with
+/// `usage` (RPMA_MR_USAGE_* bits).
+inline int open_region(const char* addr, rpma_util_ibv_context_type type, void* ptr, size_t size,
+                       int usage, rpma_peer** peer, rpma_mr_local** mr) {
+  if (new_peer(addr, type, peer) != 0) return 1;
+  if (int ret = rpma_mr_reg(*peer, ptr, size, usage, mr); ret != 0) return fail("rpma_mr_reg", ret);
+  return 0;
+}
+
+/// The common_data describing `mr` (its descriptor, data at offset 0, no peer configuration).
+inline int describe_region(rpma_mr_local* mr, common_data* data) {
+  *data = common_data{};
+  size_t desc_size = 0;
+  if (int ret = rpma_mr_get_descriptor_size(mr, &desc_size); ret != 0)
+    return fail("rpma_mr_get_descriptor_size", ret);
+  if (desc_size > sizeof data->descriptors) return fail("the descriptor does not fit in common_data");
+  data->mr_desc_size = static_cast<std::uint8_t>(desc_size);
+  if (int ret = rpma_mr_get_descriptor(mr, data->descriptors); ret != 0)
+    return fail("rpma_mr_get_descriptor", ret);
+  return 0;
 }
 
 /// Listens on ADDR:PORT and prints "listening on ADDR port PORT" (the test runner starts
@@ -166,6 +237,26 @@ inline int remote_region(rpma_conn* conn, rpma_mr_remote** mr) {
   return 0;
 }
 
+/// How a server takes its one client: describes its region in common_data, listens on
+/// ADDR:PORT (printing the "listening on" line), accepts the first request with that
+/// common_data and waits until the connection is established.
+inline int listen_and_accept(Server& server, const char* addr, const char* port) {
+  common_data data{};
+  if (describe_region(server.mr, &data) != 0) return 1;
+  if (listen_and_print(server.peer, addr, port, &server.ep) != 0) return 1;
+  return accept_with(server.ep, data, &server.conn);
+}
+
+/// How a client reaches the server's region: connects (connect_with_retry), takes the
+/// region from the private data and returns its size in `size`.
+inline int connect_to_region(Client& client, const char* addr, const char* port, size_t* size) {
+  if (connect_with_retry(client.peer, addr, port, &client.conn) != 0) return 1;
+  if (remote_region(client.conn, &client.remote) != 0) return 1;
+  if (int ret = rpma_mr_remote_get_size(client.remote, size); ret != 0)
+    return fail("rpma_mr_remote_get_size", ret);
+  return 0;
+}
+
 /// Waits (at most wait_ms) for the completion of the connection's one signaled operation
 /// and checks its status and opcode.
 inline int wait_completion(rpma_conn* conn, ibv_wc_opcode want) {
@@ -204,6 +295,14 @@ inline int wait_closed(rpma_conn** conn) {
   std::printf("connection closed by the client\n");
   if (int ret = rpma_conn_disconnect(*conn); ret != 0) return fail("rpma_conn_disconnect", ret);
   if (int ret = rpma_conn_delete(conn); ret != 0) return fail("rpma_conn_delete", ret);
+  return 0;
+}
+
+inline int Client::close() {
+  if (int ret = rpma_mr_remote_delete(&remote); ret != 0) return fail("rpma_mr_remote_delete", ret);
+  if (disconnect(&conn) != 0) return 1;
+  if (int ret = rpma_mr_dereg(&mr); ret != 0) return fail("rpma_mr_dereg", ret);
+  if (int ret = rpma_peer_delete(&peer); ret != 0) return fail("rpma_peer_delete", ret);
   return 0;
 }
 

@@ -13,44 +13,21 @@ int main(int argc, char** argv) {
   const char* addr = argv[1];
   const char* port = argv[2];
 
-  rpma_peer* peer = nullptr;
-  Defer peer_delete{[&] { if (peer) (void)rpma_peer_delete(&peer); }};
-  if (new_peer(addr, RPMA_UTIL_IBV_CONTEXT_LOCAL, &peer) != 0) return 1;
-
   static char memory[buffer_size];
-  rpma_mr_local* mr = nullptr;
-  Defer mr_dereg{[&] { if (mr) (void)rpma_mr_dereg(&mr); }};
-  if (int ret = rpma_mr_reg(peer, memory, sizeof memory,
-                            RPMA_MR_USAGE_WRITE_DST | RPMA_MR_USAGE_FLUSH_TYPE_VISIBILITY, &mr);
-      ret != 0)
-    return fail("rpma_mr_reg", ret);
+  Server server;
+  if (open_region(addr, RPMA_UTIL_IBV_CONTEXT_LOCAL, memory, sizeof memory,
+                  RPMA_MR_USAGE_WRITE_DST | RPMA_MR_USAGE_FLUSH_TYPE_VISIBILITY, &server.peer,
+                  &server.mr) != 0)
+    return 1;
 
-  common_data data{};
-  size_t desc_size = 0;
-  if (int ret = rpma_mr_get_descriptor_size(mr, &desc_size); ret != 0)
-    return fail("rpma_mr_get_descriptor_size", ret);
-  if (desc_size > sizeof data.descriptors) return fail("the descriptor does not fit in common_data");
-  data.mr_desc_size = static_cast<std::uint8_t>(desc_size);
-  if (int ret = rpma_mr_get_descriptor(mr, data.descriptors); ret != 0)
-    return fail("rpma_mr_get_descriptor", ret);
-
-  rpma_ep* ep = nullptr;
-  Defer ep_shutdown{[&] { if (ep) (void)rpma_ep_shutdown(&ep); }};
-  if (listen_and_print(peer, addr, port, &ep) != 0) return 1;
-
-  rpma_conn* conn = nullptr;
-  Defer conn_delete{[&] { if (conn) (void)rpma_conn_delete(&conn); }};
-  if (accept_with(ep, data, &conn) != 0) return 1;
+  if (listen_and_accept(server, addr, port) != 0) return 1;
   std::printf("connection established: the client may write %zu bytes\n", sizeof memory);
-  if (wait_closed(&conn) != 0) return 1;
+  if (wait_closed(&server.conn) != 0) return 1;
 
   // The client's write and flush completed before it disconnected.
   if (std::memchr(memory, '\0', sizeof memory) == nullptr)
     return fail("the region holds no NUL-terminated text");
   std::printf("written: \"%s\"\n", memory);
 
-  if (int ret = rpma_mr_dereg(&mr); ret != 0) return fail("rpma_mr_dereg", ret);
-  if (int ret = rpma_ep_shutdown(&ep); ret != 0) return fail("rpma_ep_shutdown", ret);
-  if (int ret = rpma_peer_delete(&peer); ret != 0) return fail("rpma_peer_delete", ret);
-  return 0;
+  return server.close();
 }
