@@ -33,11 +33,6 @@ struct Epoll {
   void remove(int watched) const { epoll_ctl(fd, EPOLL_CTL_DEL, watched, nullptr); }
 };
 
-int fail_errno(const char* call) {
-  fmt::print(stderr, "error: {}: {}\n", call, std::strerror(errno));
-  return 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,8 +47,8 @@ int main(int argc, char** argv) {
   if (!endpoint_fd) return example::fail(endpoint_fd.error());
 
   Epoll epoll;
-  if (epoll.fd < 0) return fail_errno("epoll_create1");
-  if (!epoll.add(*endpoint_fd)) return fail_errno("epoll_ctl");
+  if (epoll.fd < 0) return example::fail_errno("epoll_create1");
+  if (!epoll.add(*endpoint_fd)) return example::fail_errno("epoll_ctl");
   if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
 
   std::map<int, rpmapp::Conn> conns;  // by the connection's event fd
@@ -62,7 +57,7 @@ int main(int argc, char** argv) {
     epoll_event ready[8];
     const int n = epoll_wait(epoll.fd, ready, 8, static_cast<int>(example::wait_bound.count()));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return fail_errno("epoll_wait");
+    if (n < 0) return example::fail_errno("epoll_wait");
     if (n == 0) {
       fmt::print(stderr, "error: nothing happened within {} ms\n", example::wait_bound.count());
       return 1;
@@ -83,7 +78,7 @@ int main(int argc, char** argv) {
           if (!conn) return example::fail(conn.error());
           auto conn_fd = conn->fd();
           if (!conn_fd) return example::fail(conn_fd.error());
-          if (!epoll.add(*conn_fd)) return fail_errno("epoll_ctl");
+          if (!epoll.add(*conn_fd)) return example::fail_errno("epoll_ctl");
           conns.emplace(*conn_fd, std::move(*conn));
         }
         continue;

@@ -63,11 +63,6 @@ struct Connection {
   }
 };
 
-int fail_errno(const char* call) {
-  fmt::print(stderr, "error: {}: {}\n", call, std::strerror(errno));
-  return 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,8 +80,8 @@ int main(int argc, char** argv) {
   auto endpoint_fd = endpoint->fd();
   if (!endpoint_fd) return example::fail(endpoint_fd.error());
   Epoll epoll;
-  if (epoll.fd < 0) return fail_errno("epoll_create1");
-  if (!epoll.add(*endpoint_fd, key(Kind::endpoint, 0))) return fail_errno("epoll_ctl");
+  if (epoll.fd < 0) return example::fail_errno("epoll_create1");
+  if (!epoll.add(*endpoint_fd, key(Kind::endpoint, 0))) return example::fail_errno("epoll_ctl");
   if (auto ok = example::print_listening(*endpoint); !ok) return example::fail(ok.error());
 
   std::map<int, Connection> connections;  // by number, from 1
@@ -149,7 +144,7 @@ int main(int argc, char** argv) {
     std::array<epoll_event, 8> ready;
     const int n = epoll_wait(epoll.fd, ready.data(), ready.size(), static_cast<int>(example::wait_bound.count()));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return fail_errno("epoll_wait");
+    if (n < 0) return example::fail_errno("epoll_wait");
     if (n == 0) {
       fmt::print(stderr, "error: nothing happened within {} ms\n", example::wait_bound.count());
       return 1;

@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +42,13 @@ inline bool parse_args(int argc, char** argv, std::string_view& addr, std::strin
 /// Prints the error's one-line message and returns the exit status for main().
 inline int fail(const rpmapp::Error& error) {
   fmt::print(stderr, "error: {}\n", error.message());
+  return 1;
+}
+
+/// Prints "error: CALL: " and errno's text (a failed system call, e.g. epoll_ctl) and
+/// returns the exit status for main().
+inline int fail_errno(const char* call) {
+  fmt::print(stderr, "error: {}: {}\n", call, std::strerror(errno));
   return 1;
 }
 
