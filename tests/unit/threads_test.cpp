@@ -1,10 +1,12 @@
 // docs/THREAD_SAFETY.md, the sentences the fake provider can prove, most with threads. Built
 // with ThreadSanitizer in tools/check, where a data race fails the run. Catch2 v2
 // assertions are not thread-safe: threads record results, the main thread asserts.
-#include "test_util.hpp"
+#include "data_util.hpp"
 
 #include <latch>
+#include <algorithm>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -124,6 +126,69 @@ TEST_CASE("threads: ConnConfig and ListenOptions may go as soon as the call retu
     CHECK(fake.last_conn_param.retry_count == 5);
     CHECK(fake.last_conn_param.rnr_retry_count == 4);
     CHECK(fake.last_qp_attr.cap.max_send_wr == 12);
+  }
+  fake.expect_clean();
+}
+
+// THREAD_SAFETY.md, data path: "a const MrLocal / MrRemote may be used from several
+// threads at once" (each thread with its own Conn and Cq: one thread at a time per Conn),
+// "Srq::recv may be called from several threads at once", MrLocal::reg concurrently.
+TEST_CASE("threads: Conns in 8 threads share one MrLocal and one MrRemote; 8 threads post to one Srq",
+          "[threads][data]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Buffer memory(kThreads * 64);
+    const MrLocal local = reg(peer, memory, MrUsage::write_src | MrUsage::read_dst | MrUsage::recv);
+    const MrRemote remote = test::remote(0x10000, kThreads * 64, 0x77, MrUsage::write_dst | MrUsage::read_src);
+    std::vector<Conn> conns;
+    for (int t = 0; t < kThreads; ++t) conns.push_back(connected(fake, peer));
+    constexpr int rounds = 20;
+    std::vector<int> bad(kThreads, 0);
+    in_threads([&](int t) {
+      Conn& conn = conns[t];
+      auto cq = conn.cq();
+      if (!cq) {
+        ++bad[t];
+        return;
+      }
+      const std::size_t off = static_cast<std::size_t>(t) * 64;
+      for (int i = 0; i < rounds; ++i) {
+        const std::uint64_t id = static_cast<std::uint64_t>(t) * 1000 + i;
+        auto posted = i % 2 == 0 ? conn.write(remote, off, local, off, 64, Completion::always, id)
+                                 : conn.read(local, off, remote, off, 64, Completion::always, id);
+        if (!posted || fake.complete_sends(*conn.qp()) != 1) {
+          ++bad[t];
+          continue;
+        }
+        ibv_wc wc{};
+        auto got = cq->next_for({&wc, 1}, std::chrono::seconds(1));
+        if (!got || wc.wr_id != id || wc.status != IBV_WC_SUCCESS) ++bad[t];
+      }
+      // Registering on the shared Peer from every thread at once.
+      Buffer own(256);
+      auto mr = MrLocal::reg(peer, own.data(), own.size, MrUsage::send);
+      if (!mr || !std::move(*mr).dereg()) ++bad[t];
+    });
+    for (int t = 0; t < kThreads; ++t) CHECK(bad[t] == 0);
+
+    auto srq = Srq::create(peer, SrqConfig{kThreads * rounds, 0});
+    REQUIRE(srq);
+    std::fill(bad.begin(), bad.end(), 0);
+    const std::size_t before = fake.posted().size();
+    in_threads([&](int t) {
+      for (int i = 0; i < rounds; ++i)
+        if (!srq->recv(local, static_cast<std::size_t>(t) * 64, 64, static_cast<std::uint64_t>(t) * 1000 + i))
+          ++bad[t];
+    });
+    for (int t = 0; t < kThreads; ++t) CHECK(bad[t] == 0);
+    std::set<std::uint64_t> ids;
+    const auto posted = fake.posted();
+    for (std::size_t i = before; i < posted.size(); ++i)
+      if (posted[i].queue == fake::PostedWr::Queue::srq) ids.insert(posted[i].wr_id);
+    CHECK(ids.size() == static_cast<std::size_t>(kThreads * rounds));
+    for (auto& conn : conns) REQUIRE(std::move(conn).close());
+    REQUIRE(std::move(*srq).close());
   }
   fake.expect_clean();
 }
