@@ -481,6 +481,14 @@ inline const rpmapp::detail::Provider provider = {
       note(c_destroy_srq);
       return 0;
     },
+    // the event loop's calls: the system's (the loop is not measured against the fake)
+    ::epoll_create1,
+    ::epoll_ctl,
+    ::epoll_wait,
+    ::eventfd,
+    ::read,
+    ::write,
+    ::close,
 };
 
 }  // namespace bench::fake

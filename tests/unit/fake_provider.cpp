@@ -1302,6 +1302,13 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::ack_cq_events>::call,
     Sentinel<&FakeProvider::Impl::create_srq>::call,
     Sentinel<&FakeProvider::Impl::destroy_srq>::call,
+    ::epoll_create1,  // TODO(fake epoll): modelled in the next commit
+    ::epoll_ctl,
+    ::epoll_wait,
+    ::eventfd,
+    ::read,
+    ::write,
+    ::close,
 };
 }  // namespace
 

@@ -9,6 +9,9 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
@@ -68,6 +71,15 @@ struct Provider {
   void (*ack_cq_events)(ibv_cq*, unsigned int nevents);
   ibv_srq* (*create_srq)(ibv_pd*, ibv_srq_init_attr*);
   int (*destroy_srq)(ibv_srq*);
+  // ---- the event loop: epoll, and an eventfd that wakes it (read/write/close are for
+  // the loop's own fds only)
+  int (*epoll_create1)(int flags);
+  int (*epoll_ctl)(int epfd, int op, int fd, epoll_event*);
+  int (*epoll_wait)(int epfd, epoll_event*, int maxevents, int timeout_ms);
+  int (*eventfd)(unsigned int initval, int flags);
+  ssize_t (*read)(int fd, void*, size_t);
+  ssize_t (*write)(int fd, const void*, size_t);
+  int (*close)(int fd);
 };
 
 inline const Provider system_provider = {
@@ -135,6 +147,13 @@ inline const Provider system_provider = {
     ibv_ack_cq_events,
     ibv_create_srq,
     ibv_destroy_srq,
+    ::epoll_create1,
+    ::epoll_ctl,
+    ::epoll_wait,
+    ::eventfd,
+    ::read,
+    ::write,
+    ::close,
 };
 
 inline const Provider* current_provider = &system_provider;
