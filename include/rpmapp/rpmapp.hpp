@@ -8,6 +8,7 @@
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/expected.hpp>
+#include <rpmapp/log.hpp>
 #include <rpmapp/mr.hpp>
 #include <rpmapp/mr_usage.hpp>
 #include <rpmapp/op_flags.hpp>
