@@ -43,6 +43,54 @@ constexpr std::string_view to_string(ConnEvent event) noexcept {
   return "undefined";
 }
 
+namespace detail {
+
+/// Takes and acknowledges one event of a connection: its ConnEvent, or nullopt for one not
+/// reported (the second end-of-connection event).
+inline expected<std::optional<ConnEvent>> take_conn_event(const char* call, ConnectionCore& core,
+                                                          const Deadline& deadline) noexcept {
+  return no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
+    auto event = next_cm_event(core.channel.get(), deadline);
+    if (!event) return fail(event.error());
+    const rdma_cm_event_type type = (*event)->event;
+    // Copy before the acknowledgement releases the event; publish after it succeeded.
+    std::vector<std::byte> data;
+    const bool carries_data = type == RDMA_CM_EVENT_REJECTED ||
+                              (type == RDMA_CM_EVENT_ESTABLISHED && core.private_data.empty());
+    if (carries_data) store_private_data(data, **event);
+    if (auto acked = ack(*event); !acked) return fail(acked.error());
+    if (carries_data && !data.empty()) core.private_data.swap(data);
+    switch (type) {
+      case RDMA_CM_EVENT_ESTABLISHED: return ConnEvent::established;
+      case RDMA_CM_EVENT_CONNECT_ERROR:
+      case RDMA_CM_EVENT_DEVICE_REMOVAL: return ConnEvent::lost;
+      case RDMA_CM_EVENT_DISCONNECTED:
+      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+        if (core.closed_reported) return std::nullopt;
+        core.closed_reported = true;
+        return ConnEvent::closed;
+      case RDMA_CM_EVENT_REJECTED: return ConnEvent::rejected;
+      case RDMA_CM_EVENT_UNREACHABLE: return ConnEvent::unreachable;
+      default:
+        return fail(make_error(errc::unknown, 0, call, "unexpected event {} on a connection",
+                               event_name(type)));
+    }
+  });
+}
+
+/// The next reported event of a connection by `deadline`. One deadline for every event
+/// taken: a swallowed second end-of-connection event does not extend the caller's bound.
+inline expected<ConnEvent> next_conn_event(const char* call, ConnectionCore& core,
+                                           const Deadline& deadline) noexcept {
+  for (;;) {
+    auto event = take_conn_event(call, core, deadline);
+    if (!event) return fail(event.error());
+    if (*event) return **event;
+  }
+}
+
+}  // namespace detail
+
 class ConnReq;
 
 /// A connection, made by ConnReq::connect. It owns its cm_id (on its own event channel),
@@ -311,6 +359,7 @@ class Conn {
   }
 
  private:
+  friend struct detail::LoopAccess;
   friend class ConnReq;
   explicit Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept : core_(std::move(core)) {}
 
@@ -332,51 +381,10 @@ class Conn {
 
   expected<ConnEvent> next(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
-    // One deadline for every event taken: a swallowed second end-of-connection event
-    // does not extend the caller's bound.
-    const detail::Deadline deadline(wait);
-    for (;;) {
-      auto event = next_once(call, deadline);
-      if (!event) return detail::fail(event.error());
-      if (*event) return **event;
-    }
-  }
-
-  // Takes and acknowledges one event: its ConnEvent, or nullopt for one not reported.
-  expected<std::optional<ConnEvent>> next_once(const char* call,
-                                               const detail::Deadline& deadline) noexcept {
-    return detail::no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
-      auto event = detail::next_cm_event(core_->channel.get(), deadline);
-      if (!event) return detail::fail(event.error());
-      const rdma_cm_event_type type = (*event)->event;
-      // Copy before the acknowledgement releases the event; publish after it succeeded.
-      std::vector<std::byte> data;
-      const bool carries_data = type == RDMA_CM_EVENT_REJECTED ||
-                                (type == RDMA_CM_EVENT_ESTABLISHED && core_->private_data.empty());
-      if (carries_data) detail::store_private_data(data, **event);
-      if (auto acked = detail::ack(*event); !acked) return detail::fail(acked.error());
-      if (carries_data && !data.empty()) core_->private_data.swap(data);
-      switch (type) {
-        case RDMA_CM_EVENT_ESTABLISHED: return ConnEvent::established;
-        case RDMA_CM_EVENT_CONNECT_ERROR:
-        case RDMA_CM_EVENT_DEVICE_REMOVAL: return ConnEvent::lost;
-        case RDMA_CM_EVENT_DISCONNECTED:
-        case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-          if (closed_) return std::nullopt;
-          closed_ = true;
-          return ConnEvent::closed;
-        case RDMA_CM_EVENT_REJECTED: return ConnEvent::rejected;
-        case RDMA_CM_EVENT_UNREACHABLE: return ConnEvent::unreachable;
-        default:
-          return detail::fail(detail::make_error(errc::unknown, 0, call,
-                                                 "unexpected event {} on a connection",
-                                                 detail::event_name(type)));
-      }
-    });
+    return detail::next_conn_event(call, *core_, detail::Deadline(wait));
   }
 
   std::unique_ptr<detail::ConnectionCore> core_;
-  bool closed_ = false;  // closed was reported
 };
 
 RPMAPP_END_NAMESPACE

@@ -178,6 +178,7 @@ class ConnReq {
   }
 
  private:
+  friend struct detail::LoopAccess;
   friend class Endpoint;
   friend class PendingConnReq;
   static expected<PendingConnReq> start_as(const char* call, const Peer& peer,
@@ -240,6 +241,7 @@ class PendingConnReq {
   }
 
  private:
+  friend struct detail::LoopAccess;
   friend class ConnReq;
   enum class Stage { address, route };
 

@@ -7,10 +7,12 @@
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/connection.hpp>
 #include <rpmapp/detail/listener.hpp>
+#include <rpmapp/detail/source_link.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/peer.hpp>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -26,6 +28,13 @@ RPMAPP_BEGIN_NAMESPACE
 /// listener (listen_shared) may be used from different threads; each request goes to one
 /// caller, and a thread that lost the race gets no_event from try_next_conn_req and
 /// next_conn_req_for within its bound (next_conn_req waits on for the next request). listen, listen_shared and shutdown may be called concurrently.
+/// Decides what happens to a connection request delivered by an event loop
+/// (EventLoop::serve): accept it (std::move(*req).connect(...)), reject it
+/// (std::move(*req).reject(...)), or keep it for later (move it elsewhere); a request left
+/// in the argument is rejected when the handler returns. An error is a request that failed
+/// on its way (it was rejected already) or a failure reading the listener's events.
+using ConnReqHandler = std::function<void(expected<ConnReq> request)>;
+
 class Endpoint {
  public:
   /// Listens on `addr`:`port` with `peer`. A specific address restricts the listener to
@@ -74,8 +83,10 @@ class Endpoint {
   /// A later caller's Peer: the same Peer shares; on a wildcard listener, a Peer on a device
   /// not yet served joins (that device's requests are served with it from then on, until
   /// the listener stops); anything else is inval (its connections would not be in its
-  /// protection domain). (ib_cm_insert_listen also shares only with the same handler.)
+  /// protection domain). As ib_cm_insert_listen, a listener is shared only with callers
+  /// that pass the same handler: the overload below creates it with one.
   /// Errors: as listen(); inval also when:
+  /// - the listener was created with a handler (or this call passes one, and it was not);
   /// - the Peer is on a device the listener already serves with another Peer, or on
   ///   another device than the specific address the listener is bound to;
   /// - "::" while this process shares the port's IPv4 wildcard ("0.0.0.0"), or the reverse
@@ -85,12 +96,31 @@ class Endpoint {
   static expected<Endpoint> listen_shared(const Peer& peer, std::string_view addr,
                                           std::string_view port,
                                           const ListenOptions& options = {}) noexcept {
-    constexpr const char* call = "Endpoint::listen_shared";
-    return detail::no_throw(call, [&]() -> expected<Endpoint> {
-      auto state = detail::listen_shared(call, peer, addr, port, options);
-      if (!state) return detail::fail(state.error());
-      return Endpoint(std::move(*state));
-    });
+    return share(peer, addr, port, nullptr, options);
+  }
+
+  /// As listen_shared above, with the listener's connection request handler (the
+  /// ib_cm_insert_listen form): EventLoop::serve(endpoint) calls it for each request,
+  /// whichever handle's loop takes the request, exactly once per request. A later caller
+  /// gets a handle to the listener only with the same handler (the same shared_ptr);
+  /// another handler, or none, is inval ("sharing a listener between different handlers
+  /// is not supported", as the kernel says). With handles served by loops on several
+  /// threads the handler is called from those threads: it must be thread-safe.
+  /// Errors: as above; inval also for an empty `handler`.
+  static expected<Endpoint> listen_shared(const Peer& peer, std::string_view addr,
+                                          std::string_view port,
+                                          std::shared_ptr<ConnReqHandler> handler,
+                                          const ListenOptions& options = {}) noexcept {
+    if (!handler || !*handler)
+      return detail::fail(detail::invalid("Endpoint::listen_shared", "the handler is empty"));
+    return share(peer, addr, port, std::move(handler), options);
+  }
+
+  /// The handler the shared listener was created with (listen_shared), or null.
+  /// Errors: inval when empty.
+  expected<std::shared_ptr<ConnReqHandler>> handler() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Endpoint::handler"));
+    return std::static_pointer_cast<ConnReqHandler>(state_->handler);
   }
 
   Endpoint(Endpoint&& other) noexcept = default;
@@ -98,6 +128,7 @@ class Endpoint {
     if (this != &other) {
       (void)release();
       state_ = std::move(other.state_);
+      watchers_ = std::move(other.watchers_);
     }
     return *this;
   }
@@ -193,10 +224,22 @@ class Endpoint {
   }
 
  private:
+  friend struct detail::LoopAccess;
   explicit Endpoint(std::shared_ptr<detail::ListenerState> state) noexcept
       : state_(std::move(state)) {}
 
+  static expected<Endpoint> share(const Peer& peer, std::string_view addr, std::string_view port,
+                                  std::shared_ptr<void> handler, const ListenOptions& options) noexcept {
+    constexpr const char* call = "Endpoint::listen_shared";
+    return detail::no_throw(call, [&]() -> expected<Endpoint> {
+      auto state = detail::listen_shared(call, peer, addr, port, options, std::move(handler));
+      if (!state) return detail::fail(state.error());
+      return Endpoint(std::move(*state));
+    });
+  }
+
   expected<void> release() noexcept {
+    watchers_.notify();  // event loops let go of the channel's fd while it is open
     if (!state_) return {};
     return detail::release_listener(std::move(state_));
   }
@@ -212,6 +255,7 @@ class Endpoint {
   }
 
   std::shared_ptr<detail::ListenerState> state_;
+  detail::SourceLink watchers_;  // event loops serving this handle
 };
 
 RPMAPP_END_NAMESPACE

@@ -7,6 +7,7 @@
 #include <rpmapp/cq.hpp>
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
+#include <rpmapp/event_loop.hpp>
 #include <rpmapp/expected.hpp>
 #include <rpmapp/log.hpp>
 #include <rpmapp/mr.hpp>

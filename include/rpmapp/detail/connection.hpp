@@ -6,6 +6,7 @@
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/handles.hpp>
+#include <rpmapp/detail/source_link.hpp>
 #include <rpmapp/peer.hpp>
 #include <rpmapp/private_data.hpp>
 #include <rpmapp/srq.hpp>
@@ -38,6 +39,10 @@ struct ConnectionCore {
   ConnConfig config;
   std::uint32_t max_inline_data = 0;  // as the queue pair was created
   bool direct_write_to_pmem = false;  // the peer's (Conn::apply_remote_peer_config)
+  bool closed_reported = false;       // ConnEvent::closed was reported
+  /// Event loops waiting on this connection: last, so they are told before anything is
+  /// released (their fds leave epoll sets while still open).
+  SourceLink watchers;
 
   /// The receive CQ, its channel: the connection's own, the shared receive queue's, or
   /// none (receive completions go to the main CQ).
@@ -79,6 +84,7 @@ struct FirstError {
 
 /// Releases everything `core` owns, in teardown order, reporting the first failure.
 inline expected<void> close_core(ConnectionCore& core) noexcept {
+  core.watchers.notify();
   const Provider& p = *core.seam;
   FirstError first;
   if (core.qp) p.destroy_qp(core.qp.release());

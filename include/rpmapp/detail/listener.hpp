@@ -83,6 +83,9 @@ struct ListenerState {
   bool shared = false;
   ListenerKey key;   // shared listeners only
   long handles = 1;  // Endpoint handles; for shared listeners guarded by the registry mutex
+  /// A shared listener's connection request handler (a ConnReqHandler), fixed when it is
+  /// created: listen_shared callers must pass the same one (compared by pointer).
+  std::shared_ptr<void> handler;
 
   ListenerState() = default;
   ListenerState(const ListenerState&) = delete;
@@ -218,7 +221,8 @@ inline expected<void> join_listener(const char* call, ListenerState& listener, c
 inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, const Peer& peer,
                                                              std::string_view addr,
                                                              std::string_view port,
-                                                             const ListenOptions& options) {
+                                                             const ListenOptions& options,
+                                                             std::shared_ptr<void> handler = {}) {
   if (!peer) return fail(invalid(call, "the peer is empty (moved from or closed)"));
   auto number = parse_port(call, port);
   if (!number) return fail(number.error());
@@ -233,6 +237,12 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
     auto found = registry.listeners.find(key);
     if (found != registry.listeners.end()) {
       if (auto existing = found->second.lock()) {
+        // As ib_cm_insert_listen: one listener, one handler.
+        if (existing->handler != handler)
+          return fail(invalid(call, "the listener on {} port {} was created with {} handler; sharing "
+                                    "a listener between different handlers is not supported",
+                              existing->key.address, existing->port,
+                              existing->handler ? "another" : "no"));
         if (auto joined = join_listener(call, *existing, peer); !joined)
           return fail(joined.error());
         ++existing->handles;
@@ -256,6 +266,7 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
   auto state = start_listening(call, std::span<const Peer>(&peer, 1), addr, port, options);
   if (!state) return state;
   (*state)->shared = true;
+  (*state)->handler = std::move(handler);
   // As bound (port 0 assigned; "" on a stack without IPv6 falls back to "0.0.0.0").
   key = listener_key(rdma_get_local_addr((*state)->id.get()));
   (*state)->key = key;

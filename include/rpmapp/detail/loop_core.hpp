@@ -1,0 +1,386 @@
+// The event loop's machinery: an epoll set whose entries are Waiters (handler
+// registrations and awaiting coroutines), an eventfd that wakes it from other threads,
+// deadlines, and work posted to run after the current dispatch.
+//
+// epoll entries carry a token (slot index | generation << 32), never a pointer: a waiter
+// removed while its event sits in the batch being dispatched is recognised as gone.
+// Nothing here allocates per wait: slots are reused, deadlines and posted work are
+// intrusive lists.
+#pragma once
+
+#include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/source_link.hpp>
+#include <rpmapp/log.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <vector>
+
+RPMAPP_BEGIN_NAMESPACE
+namespace detail {
+
+class LoopCore;
+
+/// Something a loop waits for: an fd in its epoll set, optionally with a deadline.
+struct Waiter : SourceWatcher {
+  static constexpr std::uint32_t no_slot = 0xffffffffu;
+  using clock = std::chrono::steady_clock;
+
+  LoopCore* loop = nullptr;     // set while registered (or awaiting a deadline or posted)
+  std::uint32_t slot = no_slot;  // its epoll entry, or none
+  int fd = -1;
+  bool timed = false;
+  clock::time_point deadline{};
+  Waiter* timer_prev = nullptr;
+  Waiter* timer_next = nullptr;
+  bool posted = false;
+  Waiter* post_next = nullptr;
+
+  /// The fd is ready (epoll's events). A handler's exception leaves through here.
+  virtual void ready(std::uint32_t events) = 0;
+  /// The deadline passed; the loop has already removed the waiter.
+  virtual void timed_out() noexcept {}
+  /// The loop is stopping: coroutines give up, handlers stay.
+  virtual void loop_stopping() noexcept {}
+  /// The loop is being destroyed; it has already removed the waiter.
+  virtual void loop_gone() noexcept {}
+  /// Work posted with LoopCore::post, run after the dispatch that posted it.
+  virtual void run_posted() noexcept {}
+  void source_gone() noexcept override {}
+
+ protected:
+  ~Waiter() = default;
+};
+
+/// Frames of coroutines the loop owns (EventLoop::spawn): destroyed with the loop.
+struct OwnedTask {
+  OwnedTask* owned_prev = nullptr;
+  OwnedTask* owned_next = nullptr;
+  virtual void destroy_owned() noexcept = 0;
+
+ protected:
+  ~OwnedTask() = default;
+};
+
+class LoopCore {
+ public:
+  static constexpr std::uint64_t wake_token = ~std::uint64_t{0};
+  static constexpr int batch = 64;
+
+  const Provider* seam = current_provider;
+  int epfd = -1;
+  int wakefd = -1;
+  std::atomic<bool> stop_requested{false};
+  bool stopping = false;  // coroutines are being cancelled by stop(): new awaits fail at once
+  int dispatch_depth = 0;
+  bool failed = false;  // a handler threw since the last report
+  Error failure;
+  OwnedTask* owned = nullptr;
+
+  LoopCore() = default;
+  LoopCore(const LoopCore&) = delete;
+  LoopCore& operator=(const LoopCore&) = delete;
+
+  /// Creates the epoll set and the eventfd. Errors: provider (epoll_create1, eventfd,
+  /// epoll_ctl).
+  expected<void> open() noexcept {
+    const Provider& p = *seam;
+    errno = 0;
+    epfd = p.epoll_create1(EPOLL_CLOEXEC);
+    if (epfd < 0) return fail(provider_error("epoll_create1", errno));
+    errno = 0;
+    wakefd = p.eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wakefd < 0) return fail(provider_error("eventfd", errno));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = wake_token;
+    errno = 0;
+    if (p.epoll_ctl(epfd, EPOLL_CTL_ADD, wakefd, &ev) != 0)
+      return fail(provider_error("epoll_ctl", errno, "adding the loop's eventfd"));
+    return {};
+  }
+
+  /// Destroys the owned coroutines, lets go of every waiter, closes the fds.
+  ~LoopCore() {
+    while (owned != nullptr) {
+      OwnedTask* t = owned;
+      disown(*t);
+      t->destroy_owned();
+    }
+    while (Waiter* w = posted_head) {
+      posted_head = w->post_next;
+      w->posted = false;
+      w->post_next = nullptr;
+    }
+    for (auto& s : slots) {
+      if (s.waiter == nullptr) continue;
+      Waiter* w = s.waiter;
+      remove(*w);
+      w->loop = nullptr;
+      w->loop_gone();
+    }
+    while (Waiter* w = timers) {
+      clear_deadline(*w);
+      w->loop = nullptr;
+      w->loop_gone();
+    }
+    const Provider& p = *seam;
+    if (wakefd >= 0 && p.close(wakefd) != 0) log(LogLevel::warning, "~EventLoop", provider_error("close", errno, "the loop's eventfd"));
+    if (epfd >= 0 && p.close(epfd) != 0) log(LogLevel::warning, "~EventLoop", provider_error("close", errno, "the loop's epoll fd"));
+  }
+
+  // ---- waiters
+
+  /// Adds `w` (for `fd`, `events`) to the epoll set. Errors: provider (epoll_ctl: EEXIST
+  /// when something already waits on the fd in this loop), nomem.
+  expected<void> add(Waiter& w, int fd, std::uint32_t events) noexcept {
+    std::uint32_t index;
+    if (!free_slots.empty()) {
+      index = free_slots.back();
+    } else {
+      try {
+        slots.push_back({});
+        free_slots.reserve(slots.size());
+      } catch (const std::bad_alloc&) {
+        return fail(Error(errc::nomem, ENOMEM, "EventLoop", "memory allocation failed"));
+      }
+      index = static_cast<std::uint32_t>(slots.size() - 1);
+      free_slots.push_back(index);
+    }
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = (std::uint64_t{slots[index].generation} << 32) | index;
+    errno = 0;
+    if (seam->epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      const int e = errno;
+      return fail(provider_error("epoll_ctl", e, e == EEXIST ? "the fd is already watched by this loop" : ""));
+    }
+    free_slots.pop_back();
+    slots[index].waiter = &w;
+    w.loop = this;
+    w.slot = index;
+    w.fd = fd;
+    return {};
+  }
+
+  /// Takes `w` out of the epoll set, its deadline and the posted work.
+  void remove(Waiter& w) noexcept {
+    if (w.slot != Waiter::no_slot) {
+      errno = 0;
+      if (seam->epoll_ctl(epfd, EPOLL_CTL_DEL, w.fd, nullptr) != 0)
+        log(LogLevel::warning, "EventLoop", provider_error("epoll_ctl", errno, "removing a watched fd"));
+      Slot& s = slots[w.slot];
+      s.waiter = nullptr;
+      ++s.generation;
+      free_slots.push_back(w.slot);  // reserved: never throws
+      w.slot = Waiter::no_slot;
+      w.fd = -1;
+    }
+    clear_deadline(w);
+    unpost(w);
+  }
+
+  void set_deadline(Waiter& w, Waiter::clock::time_point when) noexcept {
+    clear_deadline(w);
+    w.loop = this;
+    w.timed = true;
+    w.deadline = when;
+    w.timer_next = timers;
+    if (timers != nullptr) timers->timer_prev = &w;
+    timers = &w;
+  }
+  void clear_deadline(Waiter& w) noexcept {
+    if (!w.timed) return;
+    if (w.timer_prev != nullptr) w.timer_prev->timer_next = w.timer_next;
+    else timers = w.timer_next;
+    if (w.timer_next != nullptr) w.timer_next->timer_prev = w.timer_prev;
+    w.timer_prev = w.timer_next = nullptr;
+    w.timed = false;
+  }
+
+  /// Runs w.run_posted() after the current dispatch (or in the next run_once).
+  void post(Waiter& w) noexcept {
+    if (w.posted) return;
+    w.loop = this;
+    w.posted = true;
+    w.post_next = nullptr;
+    if (posted_tail != nullptr) posted_tail->post_next = &w;
+    else posted_head = &w;
+    posted_tail = &w;
+  }
+  void unpost(Waiter& w) noexcept {
+    if (!w.posted) return;
+    Waiter* prev = nullptr;
+    for (Waiter* at = posted_head; at != nullptr; prev = at, at = at->post_next)
+      if (at == &w) {
+        (prev != nullptr ? prev->post_next : posted_head) = w.post_next;
+        if (posted_tail == &w) posted_tail = prev;
+        break;
+      }
+    w.posted = false;
+    w.post_next = nullptr;
+  }
+
+  void own(OwnedTask& t) noexcept {
+    t.owned_prev = nullptr;
+    t.owned_next = owned;
+    if (owned != nullptr) owned->owned_prev = &t;
+    owned = &t;
+  }
+  void disown(OwnedTask& t) noexcept {
+    if (t.owned_prev != nullptr) t.owned_prev->owned_next = t.owned_next;
+    else if (owned == &t) owned = t.owned_next;
+    if (t.owned_next != nullptr) t.owned_next->owned_prev = t.owned_prev;
+    t.owned_prev = t.owned_next = nullptr;
+  }
+
+  // ---- running
+
+  /// Records an exception that escaped a handler or a spawned coroutine: logged, and
+  /// returned by the run call in progress.
+  void note_exception(std::exception_ptr e) noexcept {
+    char what[Error::max_reason];
+    std::size_t n = 0;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      n = fmt::format_to_n(what, sizeof what, "a handler threw: {}", ex.what()).size;
+    } catch (...) {
+      n = fmt::format_to_n(what, sizeof what, "a handler threw an exception that is not a std::exception").size;
+    }
+    Error error(errc::unknown, 0, "EventLoop::run", {what, n < sizeof what ? n : sizeof what});
+    log(LogLevel::error, "EventLoop::run", error);
+    if (!failed) {
+      failed = true;
+      failure = error;
+    }
+  }
+
+  /// Waits until `deadline` for something to do, and does it: ready fds, expired
+  /// deadlines, posted work. Returns how many waiters it ran.
+  expected<std::size_t> run_once(const Deadline& deadline) noexcept {
+    std::size_t ran = run_posted();
+    epoll_event events[batch];
+    int n;
+    for (;;) {
+      int timeout = ran > 0 ? 0 : deadline.poll_timeout();
+      if (timeout != 0 && timers != nullptr) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(earliest() - Waiter::clock::now()).count();
+        const int t = left <= 0 ? 0 : left > 0x7fffffff ? 0x7fffffff : static_cast<int>(left);
+        timeout = timeout < 0 ? t : std::min(timeout, t);
+      }
+      errno = 0;
+      n = seam->epoll_wait(epfd, events, batch, timeout);
+      if (n >= 0) break;
+      if (errno != EINTR) return fail(provider_error("epoll_wait", errno));
+      if (deadline.passed()) {
+        n = 0;
+        break;
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t token = events[i].data.u64;
+      if (token == wake_token) {
+        drain_wake();
+        continue;
+      }
+      const auto index = static_cast<std::uint32_t>(token);
+      if (index >= slots.size() || slots[index].generation != static_cast<std::uint32_t>(token >> 32))
+        continue;  // removed while this batch was being dispatched
+      Waiter* w = slots[index].waiter;
+      if (w == nullptr) continue;
+      ++ran;
+      ++dispatch_depth;
+      try {
+        w->ready(events[i].events);
+      } catch (...) {
+        note_exception(std::current_exception());
+      }
+      --dispatch_depth;
+    }
+    ran += expire();
+    ran += run_posted();
+    return ran;
+  }
+
+  /// Makes every coroutine waiting on the loop give up (stop()).
+  void cancel_awaiters() noexcept {
+    stopping = true;
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (Waiter* w = slots[i].waiter) w->loop_stopping();
+    for (Waiter* w = timers; w != nullptr;) {
+      Waiter* next = w->timer_next;
+      w->loop_stopping();
+      w = next;
+    }
+    run_posted();
+    stopping = false;
+  }
+
+  void wake() noexcept {
+    const std::uint64_t one = 1;
+    // EAGAIN: the counter is full, so the loop is already due to wake.
+    if (seam->write(wakefd, &one, sizeof one) < 0 && errno != EAGAIN)
+      log(LogLevel::warning, "EventLoop::wake", provider_error("write", errno, "the loop's eventfd"));
+  }
+
+ private:
+  struct Slot {
+    Waiter* waiter = nullptr;
+    std::uint32_t generation = 0;
+  };
+
+  Waiter::clock::time_point earliest() const noexcept {
+    auto when = Waiter::clock::time_point::max();
+    for (const Waiter* w = timers; w != nullptr; w = w->timer_next) when = std::min(when, w->deadline);
+    return when;
+  }
+
+  std::size_t expire() noexcept {
+    if (timers == nullptr) return 0;
+    const auto now = Waiter::clock::now();
+    std::size_t ran = 0;
+    for (Waiter* w = timers; w != nullptr;) {
+      Waiter* next = w->timer_next;
+      if (w->deadline <= now) {
+        remove(*w);
+        w->timed_out();
+        ++ran;
+        next = timers;  // timed_out may have changed the list: start over
+      }
+      w = next;
+    }
+    return ran;
+  }
+
+  std::size_t run_posted() noexcept {
+    std::size_t ran = 0;
+    while (Waiter* w = posted_head) {
+      posted_head = w->post_next;
+      if (posted_head == nullptr) posted_tail = nullptr;
+      w->posted = false;
+      w->post_next = nullptr;
+      w->run_posted();
+      ++ran;
+    }
+    return ran;
+  }
+
+  void drain_wake() noexcept {
+    std::uint64_t count = 0;
+    if (seam->read(wakefd, &count, sizeof count) < 0 && errno != EAGAIN)
+      log(LogLevel::warning, "EventLoop::run", provider_error("read", errno, "the loop's eventfd"));
+  }
+
+  std::vector<Slot> slots;
+  std::vector<std::uint32_t> free_slots;
+  Waiter* timers = nullptr;
+  Waiter* posted_head = nullptr;
+  Waiter* posted_tail = nullptr;
+};
+
+}  // namespace detail
+RPMAPP_END_NAMESPACE
