@@ -7,15 +7,18 @@
 #include <rpmapp/conn.hpp>
 #include <rpmapp/conn_req.hpp>
 #include <rpmapp/cq.hpp>
+#include <rpmapp/detail/awaiters.hpp>
 #include <rpmapp/detail/loop_core.hpp>
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/log.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -36,6 +39,256 @@ struct LoopAccess {
     if (!core) return fail(core.error());
     return ConnReq(std::move(*core), true);
   }
+};
+
+
+/// Makes a connection's completion channels non-blocking (once): a loop reads them only
+/// after epoll said readable, but never blocks should another reader have taken the event.
+inline expected<void> completion_fds_nonblocking(ConnectionCore& core) noexcept {
+  if (core.completion_fds_nonblocking) return {};
+  for (ibv_comp_channel* channel : {core.comp_channel.get(), core.rcq_channel.get()}) {
+    if (channel == nullptr) continue;
+    const Provider& p = provider();
+    errno = 0;
+    const int flags = p.fcntl(channel->fd, F_GETFL, 0);
+    if (flags < 0) return fail(provider_error("fcntl", errno, "F_GETFL on a completion channel"));
+    errno = 0;
+    if (!(flags & O_NONBLOCK) && p.fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0)
+      return fail(provider_error("fcntl", errno, "F_SETFL O_NONBLOCK on a completion channel"));
+  }
+  core.completion_fds_nonblocking = true;
+  return {};
+}
+
+/// co_await loop.next_conn_req(endpoint): the next connection request.
+class NextConnReqAwaiter final : public Awaiter<NextConnReqAwaiter, expected<ConnReq>> {
+ public:
+  NextConnReqAwaiter(LoopCore* core, Endpoint& endpoint, const ConnConfig& config,
+                     std::chrono::milliseconds timeout) noexcept
+      : Awaiter(core, "EventLoop::next_conn_req", timeout),
+        listener_(LoopAccess::listener(endpoint)),
+        source_(&LoopAccess::link(endpoint)),
+        config_(config) {}
+
+  bool attempt() noexcept {
+    if (listener_ == nullptr) return finish(invalid(call(), "the endpoint is empty (moved from or shut down)"));
+    if (auto ok = check_config(call(), config_); !ok) return finish(ok.error());
+    auto request = no_throw(call(), [&] { return LoopAccess::take_request(*listener_, config_); });
+    if (!request && request.error() == errc::no_event) return false;
+    result_.emplace(std::move(request));
+    return true;
+  }
+  expected<void> watch() noexcept { return watch_fd(listener_->channel->fd, source_); }
+  void fail_with(const Error& e) noexcept { result_.emplace(fail(e)); }
+  expected<ConnReq> take() noexcept { return std::move(*result_); }
+
+ private:
+  ListenerState* listener_;
+  SourceLink* source_;  // the Endpoint handle's (moves with it)
+  ConnConfig config_;
+  std::optional<expected<ConnReq>> result_;
+};
+
+/// co_await loop.next_event(conn): the connection's next event.
+class NextEventAwaiter final : public Awaiter<NextEventAwaiter, expected<ConnEvent>> {
+ public:
+  NextEventAwaiter(LoopCore* core, Conn& conn, std::chrono::milliseconds timeout) noexcept
+      : Awaiter(core, "EventLoop::next_event", timeout), conn_(LoopAccess::core(conn)) {}
+
+  bool attempt() noexcept {
+    if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
+    auto event = next_conn_event(call(), *conn_, Deadline(Wait::none()));
+    if (!event && event.error() == errc::no_event) return false;
+    result_ = event;
+    return true;
+  }
+  expected<void> watch() noexcept { return watch_fd(conn_->channel->fd, &conn_->watchers); }
+  void fail_with(const Error& e) noexcept { result_ = fail(e); }
+  expected<ConnEvent> take() noexcept { return result_; }
+
+ private:
+  ConnectionCore* conn_;
+  expected<ConnEvent> result_ = fail(Error());
+};
+
+/// co_await loop.resolve(std::move(pending)): the ready outgoing request.
+class ResolveAwaiter final : public Awaiter<ResolveAwaiter, expected<ConnReq>> {
+ public:
+  ResolveAwaiter(LoopCore* core, PendingConnReq&& pending, std::chrono::milliseconds timeout) noexcept
+      : Awaiter(core, "EventLoop::resolve", timeout), pending_(std::move(pending)) {}
+
+  bool attempt() noexcept {
+    if (!pending_) return finish(invalid(call(), "the request is empty (moved from or consumed)"));
+    auto request = std::move(pending_).try_wait();
+    if (!request && request.error() == errc::no_event && pending_) return false;
+    result_.emplace(std::move(request));
+    return true;
+  }
+  expected<void> watch() noexcept { return watch_fd(LoopAccess::core(pending_)->channel->fd, nullptr); }
+  void fail_with(const Error& e) noexcept { result_.emplace(fail(e)); }
+  expected<ConnReq> take() noexcept { return std::move(*result_); }
+
+ private:
+  PendingConnReq pending_;
+  std::optional<expected<ConnReq>> result_;
+};
+
+/// co_await loop.connect(peer, addr, port, ...): resolution, connect, and the wait for
+/// ESTABLISHED, in one await.
+class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
+ public:
+  ConnectAwaiter(LoopCore* core, const Peer& peer, std::string_view addr, std::string_view port,
+                 const ConnConfig& config, std::span<const std::byte> private_data,
+                 std::chrono::milliseconds timeout) noexcept
+      : Awaiter(core, "EventLoop::connect", timeout), peer_(&peer), addr_(addr), port_(port), config_(config) {
+    if (private_data.size() > max_connect_private_data) {
+      too_long_ = private_data.size();
+    } else {
+      std::copy(private_data.begin(), private_data.end(), data_.begin());
+      data_size_ = private_data.size();
+    }
+  }
+
+  bool attempt() noexcept {
+    if (stage_ == Stage::start) {
+      if (too_long_ != 0)
+        return finish(invalid(call(), "connect private data is {} bytes, more than the {} RDMA_PS_TCP allows",
+                              too_long_, max_connect_private_data));
+      auto pending = ConnReq::start(*peer_, addr_, port_, config_);
+      if (!pending) return finish(pending.error());
+      pending_.emplace(std::move(*pending));
+      stage_ = Stage::resolving;
+    }
+    if (stage_ == Stage::resolving) {
+      auto request = std::move(*pending_).try_wait();
+      if (!request && request.error() == errc::no_event && *pending_) return false;
+      pending_.reset();
+      if (!request) return finish(request.error());
+      auto conn = std::move(*request).connect(std::span<const std::byte>(data_.data(), data_size_));
+      if (!conn) return finish(conn.error());
+      conn_.emplace(std::move(*conn));
+      stage_ = Stage::establishing;
+      if (slot != no_slot) {  // waiting on the request's channel: move to the connection's
+        core()->remove(*this);
+        if (auto ok = watch(); !ok) return finish(ok.error());
+      }
+    }
+    auto event = next_conn_event(call(), *LoopAccess::core(*conn_), Deadline(Wait::none()));
+    if (!event && event.error() == errc::no_event) return false;
+    if (!event) return finish(event.error());
+    switch (*event) {
+      case ConnEvent::established: stage_ = Stage::done; return true;
+      case ConnEvent::rejected: return finish(Error(errc::provider, ECONNREFUSED, "rdma_connect", "the peer rejected the request"));
+      case ConnEvent::unreachable: return finish(Error(errc::provider, EHOSTUNREACH, "rdma_connect", "the peer is unreachable"));
+      default:
+        return finish(make_error(errc::provider, ECONNRESET, "rdma_connect", "the connection ended before it was established ({})",
+                                 to_string(*event)));
+    }
+  }
+  expected<void> watch() noexcept {
+    if (stage_ == Stage::resolving) return watch_fd(LoopAccess::core(*pending_)->channel->fd, nullptr);
+    return watch_fd(LoopAccess::core(*conn_)->channel->fd, nullptr);
+  }
+  void fail_with(const Error& e) noexcept {
+    error_ = e;
+    stage_ = Stage::failed;
+  }
+  expected<Conn> take() noexcept {
+    if (stage_ != Stage::done) return fail(error_);
+    return std::move(*conn_);
+  }
+
+ private:
+  enum class Stage { start, resolving, establishing, done, failed };
+  const Peer* peer_;
+  std::string_view addr_;  // used in the first attempt only (await_ready, within the co_await)
+  std::string_view port_;
+  ConnConfig config_;
+  std::array<std::byte, max_connect_private_data> data_{};
+  std::size_t data_size_ = 0;
+  std::size_t too_long_ = 0;
+  Stage stage_ = Stage::start;
+  std::optional<PendingConnReq> pending_;
+  std::optional<Conn> conn_;
+  Error error_;
+};
+
+/// co_await loop.completions(conn, out): the next completions of a connection's queue.
+class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::span<ibv_wc>>> {
+ public:
+  CompletionAwaiter(LoopCore* core, Conn& conn, std::span<ibv_wc> out, bool receive,
+                    std::chrono::milliseconds timeout) noexcept
+      : Awaiter(core, "EventLoop::completions", timeout), conn_(LoopAccess::core(conn)), out_(out), receive_(receive) {}
+
+  bool attempt() noexcept {
+    if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
+    if (out_.empty() || out_.size() > 0x7fffffffu)
+      return finish(invalid(call(), "room for {} completions: give 1 to 2^31-1", out_.size()));
+    if (channel() == nullptr)
+      return finish(invalid(call(), "the connection has no receive completion queue of its own"));
+    if (auto ok = completion_fds_nonblocking(*conn_); !ok) return finish(ok.error());
+    if (poll_queues()) return true;
+    // Empty: take the channel's pending event (if any), re-arm, and look again.
+    const Provider& p = provider();
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    errno = 0;
+    if (p.get_cq_event(channel(), &cq, &context) != 0) {
+      const int e = errno;
+      if (is_empty_channel_errno(e) || e == EINTR) return false;
+      return finish(provider_error("ibv_get_cq_event", e));
+    }
+    p.ack_cq_events(cq, 1);
+    if (auto armed = rearm(cq); !armed) return finish(armed.error());
+    return poll_queues();
+  }
+  expected<void> watch() noexcept { return watch_fd(channel()->fd, &conn_->watchers); }
+  void fail_with(const Error& e) noexcept { result_ = fail(e); }
+  expected<std::span<ibv_wc>> take() noexcept { return result_; }
+
+ private:
+  ibv_comp_channel* channel() const noexcept {
+    if (!receive_) return conn_->comp_channel.get();
+    return conn_->rcq ? conn_->receive_channel() : nullptr;
+  }
+  // Polls the watched queue(s): with a shared channel, the main CQ watches both.
+  bool poll_queues() noexcept {
+    ibv_cq* first = receive_ ? conn_->rcq.get() : conn_->cq.get();
+    ibv_cq* second = !receive_ && conn_->config.shared_completion_channel ? conn_->rcq.get() : nullptr;
+    for (ibv_cq* cq : {first, second}) {
+      if (cq == nullptr) continue;
+      const int n = provider().poll_cq(cq, static_cast<int>(out_.size()), out_.data());
+      if (n < 0) return finish(provider_error("ibv_poll_cq", -n));
+      if (n > 0) {
+        result_ = out_.first(static_cast<std::size_t>(n));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  ConnectionCore* conn_;
+  std::span<ibv_wc> out_;
+  bool receive_;
+  expected<std::span<ibv_wc>> result_ = fail(Error());
+};
+
+/// co_await loop.sleep_for(d): resumes after `d` (or with an error when the loop stops).
+class SleepAwaiter final : public Awaiter<SleepAwaiter, expected<void>> {
+ public:
+  SleepAwaiter(LoopCore* core, std::chrono::milliseconds duration) noexcept
+      : Awaiter(core, "EventLoop::sleep_for", duration < std::chrono::milliseconds(0) ? std::chrono::milliseconds(0) : duration) {}
+  bool attempt() noexcept { return false; }
+  expected<void> watch() noexcept { return {}; }
+  void timed_out() noexcept override {
+    result_ = {};
+    cancel();
+  }
+  void fail_with(const Error& e) noexcept { result_ = fail(e); }
+  expected<void> take() noexcept { return result_; }
+
+ private:
+  expected<void> result_;
 };
 
 /// A handler registration, owned by its Registration: deleted by it, or by the loop after
@@ -329,7 +582,51 @@ class EventLoop {
     });
   }
 
-  /// The loop's internals, for task.hpp's awaitables.
+  // ---- coroutines: co_await these from a coroutine running on this loop (Task and spawn
+  // in task.hpp, or any coroutine type resumed only by this loop's thread). Each resumes
+  // the coroutine exactly once: with the result; with no_event when `timeout` passed
+  // (negative: no limit) or the loop was stopped (run's stop(): "the event loop was
+  // stopped"); with inval when the awaited object was destroyed or closed meanwhile. The
+  // awaiter lives in the coroutine frame: an await allocates nothing. The awaited object
+  // must outlive the co_await (destroying it is fine; moving it is not, except Endpoint).
+
+  /// The next connection request of `endpoint` (as Endpoint::next_conn_req).
+  detail::NextConnReqAwaiter next_conn_req(Endpoint& endpoint, const ConnConfig& config = {},
+                                           std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
+    return {core_.get(), endpoint, config, timeout};
+  }
+  /// The next event of `conn` (as Conn::next_event).
+  detail::NextEventAwaiter next_event(Conn& conn, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
+    return {core_.get(), conn, timeout};
+  }
+  /// The outgoing request once resolved (as PendingConnReq::wait); the awaiter owns it.
+  detail::ResolveAwaiter resolve(PendingConnReq&& pending,
+                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
+    return {core_.get(), std::move(pending), timeout};
+  }
+  /// Resolves `addr`:`port`, connects with `private_data` and waits for ESTABLISHED: the
+  /// connection, established. A rejection is provider ECONNREFUSED ("rdma_connect"),
+  /// UNREACHABLE EHOSTUNREACH, another end ECONNRESET; errors as ConnReq::start and
+  /// ConnReq::connect otherwise. `addr`, `port` are read before the first suspension;
+  /// `private_data` is copied.
+  detail::ConnectAwaiter connect(const Peer& peer, std::string_view addr, std::string_view port,
+                                 const ConnConfig& config = {}, std::span<const std::byte> private_data = {},
+                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
+    return {core_.get(), peer, addr, port, config, private_data, timeout};
+  }
+  /// The next completions of `conn`'s queue `which` into `out` (the filled part): at once
+  /// if some are queued, else when the queue's completion channel fires (re-armed before
+  /// polling: none is missed). With a shared completion channel, CqKind::main returns
+  /// either queue's. Errors also: inval (empty `out`; CqKind::receive without a receive
+  /// CQ); provider (fcntl, ibv_get_cq_event, ibv_req_notify_cq, ibv_poll_cq).
+  detail::CompletionAwaiter completions(Conn& conn, std::span<ibv_wc> out, CqKind which = CqKind::main,
+                                        std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
+    return {core_.get(), conn, out, which == CqKind::receive, timeout};
+  }
+  /// Resumes after `duration` (success), or when the loop stops (no_event).
+  detail::SleepAwaiter sleep_for(std::chrono::milliseconds duration) noexcept { return {core_.get(), duration}; }
+
+  /// The loop's internals, for task.hpp.
   detail::LoopCore* core() const noexcept { return core_.get(); }
 
  private:

@@ -20,10 +20,13 @@ template <class T> using expected = std::expected<T, Error>;
 using unexpected = std::unexpected<Error>;
 /// Name of the back end in use: "std" or "tl".
 inline constexpr const char* expected_backend = "std";
+/// Constructs an expected's value in place (also when the value is itself an expected).
+inline constexpr std::in_place_t expected_in_place{};
 #else
 template <class T> using expected = tl::expected<T, Error>;
 using unexpected = tl::unexpected<Error>;
 inline constexpr const char* expected_backend = "tl";
+inline constexpr tl::in_place_t expected_in_place{};
 #endif
 
 RPMAPP_END_NAMESPACE

@@ -17,4 +17,5 @@
 #include <rpmapp/peer_config.hpp>
 #include <rpmapp/private_data.hpp>
 #include <rpmapp/srq.hpp>
+#include <rpmapp/task.hpp>
 #include <rpmapp/version.hpp>

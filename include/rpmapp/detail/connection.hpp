@@ -40,6 +40,7 @@ struct ConnectionCore {
   std::uint32_t max_inline_data = 0;  // as the queue pair was created
   bool direct_write_to_pmem = false;  // the peer's (Conn::apply_remote_peer_config)
   bool closed_reported = false;       // ConnEvent::closed was reported
+  bool completion_fds_nonblocking = false;  // an event loop made them O_NONBLOCK
   /// Event loops waiting on this connection: last, so they are told before anything is
   /// released (their fds leave epoll sets while still open).
   SourceLink watchers;
