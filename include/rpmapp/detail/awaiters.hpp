@@ -59,6 +59,12 @@ class Awaiter : public Waiter {
     cancel();
   }
   void run_posted() noexcept override { waiting_.resume(); }
+  /// The loop is gone: a coroutine of a destroyed loop is never resumed (the loop destroys
+  /// those it owns; any other must be destroyed by its owner).
+  void loop_gone() noexcept override {
+    if (link != nullptr) link->detach(*this);
+    core_ = nullptr;
+  }
 
  protected:
   /// Registers for `fd`, tied to `source` (may be null). Errors: as LoopCore::add.
@@ -80,7 +86,7 @@ class Awaiter : public Waiter {
   /// Leaves everything and resumes the coroutine from the loop's posted work.
   void cancel() noexcept {
     detach();
-    core_->post(*this);
+    if (core_ != nullptr) core_->post(*this);
   }
   const char* call() const noexcept { return call_; }
   LoopCore* core() const noexcept { return core_; }

@@ -114,6 +114,8 @@ class LoopCore {
       posted_head = w->post_next;
       w->posted = false;
       w->post_next = nullptr;
+      w->loop = nullptr;
+      w->loop_gone();
     }
     for (auto& s : slots) {
       if (s.waiter == nullptr) continue;
