@@ -169,8 +169,11 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
       conn_.emplace(std::move(*conn));
       stage_ = Stage::establishing;
       if (slot != no_slot) {  // waiting on the request's channel: move to the connection's
+        const bool had_deadline = timed;
+        const auto when = deadline;
         core()->remove(*this);
         if (auto ok = watch(); !ok) return finish(ok.error());
+        if (had_deadline) core()->set_deadline(*this, when);
       }
     }
     auto event = next_conn_event(call(), *LoopAccess::core(*conn_), Deadline(Wait::none()));
