@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <type_traits>
 
@@ -158,6 +159,7 @@ struct FakeProvider::Impl {
     for (auto& [id, info] : f().ids_)
       if (id->channel == ch) f().note("rdma_destroy_event_channel: a cm_id is still on the channel");
     for (rdma_cm_event* ev : it->second.queue) f().discard_event(ev);  // the kernel's job
+    f().drop_watches(ch->fd);  // the kernel drops a closed file from every epoll set
     f().channels_.erase(it);
     f().changed_.notify_all();
     f().destroyed("event_channel");
@@ -691,6 +693,7 @@ struct FakeProvider::Impl {
       f().note("ibv_destroy_comp_channel: a completion queue still uses the channel");
       return EBUSY;
     }
+    f().drop_watches(ch->fd);
     f().comp_channels_.erase(ch);
     f().destroyed("comp_channel");
     delete ch;
@@ -1230,6 +1233,292 @@ struct FakeProvider::Impl {
     delete srq;
     return failed ? err : 0;
   }
+
+  // ---- epoll and eventfd (fs/eventpoll.c, fs/eventfd.c)
+
+  static bool real_open(int fd) { return fd >= 0 && ::fcntl(fd, F_GETFD) != -1; }
+
+  static int epoll_create1(int flags) {
+    auto lock = f().lock();
+    if (fails("epoll_create1")) return -1;
+    if ((flags & ~EPOLL_CLOEXEC) != 0) {
+      errno = EINVAL;
+      return -1;
+    }
+    const int fd = f().next_fd_++;
+    f().epolls_[fd];
+    f().created("epoll");
+    return fd;
+  }
+
+  static int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+    auto lock = f().lock();
+    if (fails("epoll_ctl")) return -1;
+    // The kernel's do_epoll_ctl, in its order.
+    if (op != EPOLL_CTL_DEL && event == nullptr) {
+      errno = EFAULT;
+      return -1;
+    }
+    const FdKind epfd_kind = f().fake_kind(epfd);
+    if (epfd_kind == FdKind::none && !real_open(epfd)) {
+      f().note("epoll_ctl: epfd is not an open fd");
+      errno = EBADF;
+      return -1;
+    }
+    const FdKind kind = f().fake_kind(fd);
+    const bool real = kind == FdKind::none;
+    if (real) {  // the kernel itself says whether it is open and can be polled
+      epoll_event probe{EPOLLIN, {}};
+      if (::epoll_ctl(f().probe_epoll_, EPOLL_CTL_ADD, fd, &probe) != 0) {
+        if (errno == EBADF || errno == EPERM) return -1;
+        f().note("epoll_ctl: probing the real fd failed unexpectedly");
+        return -1;
+      }
+      ::epoll_ctl(f().probe_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    }
+    if (epfd == fd || epfd_kind != FdKind::epoll) {
+      if (epfd_kind != FdKind::epoll) f().note("epoll_ctl: epfd is not an epoll fd of the fake");
+      errno = EINVAL;
+      return -1;
+    }
+    if (kind == FdKind::epoll) {
+      f().note("epoll_ctl: an epoll fd inside an epoll set is not modelled");
+      errno = EINVAL;
+      return -1;
+    }
+    if (op != EPOLL_CTL_DEL && (event->events & (EPOLLEXCLUSIVE | EPOLLWAKEUP))) {
+      f().note("epoll_ctl: EPOLLEXCLUSIVE / EPOLLWAKEUP are not modelled");
+      errno = EINVAL;
+      return -1;
+    }
+    auto& set = f().epolls_[epfd];
+    auto it = set.find(fd);
+    switch (op) {
+      case EPOLL_CTL_ADD:
+        if (it != set.end()) {
+          errno = EEXIST;
+          return -1;
+        }
+        it = set.emplace(fd, Watch{}).first;
+        it->second.real = real;
+        break;
+      case EPOLL_CTL_MOD:
+        if (it == set.end()) {
+          errno = ENOENT;
+          return -1;
+        }
+        break;
+      case EPOLL_CTL_DEL:
+        if (it == set.end()) {
+          errno = ENOENT;
+          return -1;
+        }
+        set.erase(it);
+        return 0;
+      default:
+        errno = EINVAL;
+        return -1;
+    }
+    if (real && (event->events & EPOLLET))
+      f().note("epoll_ctl: EPOLLET on a real fd is not modelled (treated as level-triggered)");
+    // ep_insert / ep_modify: store, re-arm, and queue it if it is ready now.
+    Watch& w = it->second;
+    w.events = event->events | EPOLLERR | EPOLLHUP;
+    w.data = event->data;
+    w.armed = true;
+    w.edge_pending = true;
+    w.order = ++f().next_order_;
+    f().changed_.notify_all();
+    return 0;
+  }
+
+  static int epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms) {
+    using clock = std::chrono::steady_clock;
+    auto lock = f().lock();
+    if (fails("epoll_wait")) return -1;
+    // The kernel's do_epoll_wait, in its order.
+    if (maxevents <= 0 || static_cast<std::size_t>(maxevents) > INT_MAX / sizeof(epoll_event)) {
+      errno = EINVAL;
+      return -1;
+    }
+    if (events == nullptr) {
+      errno = EFAULT;
+      return -1;
+    }
+    const FdKind kind = f().fake_kind(epfd);
+    if (kind != FdKind::epoll) {
+      const bool open = kind != FdKind::none || real_open(epfd);
+      f().note(open ? "epoll_wait: epfd is not an epoll fd of the fake"
+                    : "epoll_wait: epfd is not an open fd");
+      errno = open ? EINVAL : EBADF;
+      return -1;
+    }
+    const auto limit = timeout_ms < 0 ? f().watchdog : std::chrono::milliseconds(timeout_ms);
+    const auto deadline = clock::now() + limit;
+    for (;;) {
+      const int n = f().collect_ready(epfd, events, maxevents);
+      if (n < 0) {
+        f().note("epoll_wait: the epoll fd was closed while waiting on it");
+        errno = EBADF;
+        return -1;
+      }
+      if (n > 0) return n;
+      const auto now = clock::now();
+      if (now >= deadline) break;
+      auto slice = std::chrono::duration_cast<clock::duration>(deadline - now);
+      // Nothing signals a real fd becoming ready: look again soon.
+      if (f().watches_real_fd(epfd))
+        slice = std::min<clock::duration>(slice, std::chrono::milliseconds(1));
+      f().changed_.wait_for(lock, slice);
+    }
+    if (timeout_ms < 0) {
+      f().note("epoll_wait waited forever with nothing ready: a hang in production");
+      errno = ETIME;
+      return -1;
+    }
+    return 0;
+  }
+
+  static int eventfd(unsigned int initval, int flags) {
+    auto lock = f().lock();
+    if (fails("eventfd")) return -1;
+    if ((flags & ~(EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE)) != 0) {
+      errno = EINVAL;
+      return -1;
+    }
+    const int fd = f().next_fd_++;
+    auto& e = f().eventfds_[fd];
+    e.count = initval;
+    e.nonblocking = (flags & EFD_NONBLOCK) != 0;
+    e.semaphore = (flags & EFD_SEMAPHORE) != 0;
+    f().created("eventfd");
+    return fd;
+  }
+
+  // Waits (the mutex released) until `ok` holds for eventfd `fd` or it is closed; -1 with
+  // errno when it cannot go on (non-blocking, the watchdog, closed meanwhile).
+  template <class Ok>
+  static int wait_eventfd(FakeProvider::Lock& lock, int fd, const char* call, Ok ok) {
+    if (ok(f().eventfds_[fd])) return 0;
+    if (f().eventfds_[fd].nonblocking) {
+      errno = EAGAIN;
+      return -1;
+    }
+    const bool done = f().changed_.wait_for(lock, f().watchdog, [&] {
+      auto it = f().eventfds_.find(fd);
+      return it == f().eventfds_.end() || ok(it->second);
+    });
+    if (!done) {
+      f().note(std::string(call) + " blocked on an eventfd: a hang in production");
+      errno = ETIME;
+      return -1;
+    }
+    if (!f().eventfds_.count(fd)) {
+      f().note(std::string(call) + ": the eventfd was closed while waiting on it");
+      errno = EBADF;
+      return -1;
+    }
+    return 0;
+  }
+
+  static bool channel_fd_misuse(FdKind kind, const char* call) {
+    if (kind != FdKind::event_channel && kind != FdKind::comp_channel) return false;
+    f().note(std::string(call) + ": the fd of a channel belongs to librdmacm / libibverbs");
+    return true;
+  }
+
+  static ssize_t read(int fd, void* buf, size_t n) {
+    auto lock = f().lock();
+    if (fails("read")) return -1;
+    const FdKind kind = f().fake_kind(fd);
+    if (kind == FdKind::none) {
+      lock.unlock();  // it may block
+      return ::read(fd, buf, n);
+    }
+    if (kind != FdKind::eventfd) {  // an epoll file has no read; a channel's is librdmacm's
+      if (!channel_fd_misuse(kind, "read")) f().note("read: of an epoll fd");
+      errno = EINVAL;
+      return -1;
+    }
+    if (n < sizeof(std::uint64_t)) {
+      errno = EINVAL;
+      return -1;
+    }
+    if (wait_eventfd(lock, fd, "read", [](const EventFd& e) { return e.count != 0; }) != 0)
+      return -1;
+    auto& e = f().eventfds_[fd];
+    const std::uint64_t value = e.semaphore ? 1 : e.count;
+    e.count -= value;
+    std::memcpy(buf, &value, sizeof value);
+    f().wakeup(fd);  // writers (EPOLLOUT)
+    return sizeof value;
+  }
+
+  static ssize_t write(int fd, const void* buf, size_t n) {
+    auto lock = f().lock();
+    if (fails("write")) return -1;
+    const FdKind kind = f().fake_kind(fd);
+    if (kind == FdKind::none) {
+      lock.unlock();
+      return ::write(fd, buf, n);
+    }
+    if (kind != FdKind::eventfd) {
+      if (!channel_fd_misuse(kind, "write")) f().note("write: to an epoll fd");
+      errno = EINVAL;
+      return -1;
+    }
+    constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t value = 0;
+    if (n < sizeof value) {
+      errno = EINVAL;
+      return -1;
+    }
+    std::memcpy(&value, buf, sizeof value);
+    if (value == max) {
+      errno = EINVAL;
+      return -1;
+    }
+    if (wait_eventfd(lock, fd, "write", [&](const EventFd& e) { return max - e.count > value; }) != 0)
+      return -1;
+    f().eventfds_[fd].count += value;
+    f().wakeup(fd);
+    return sizeof value;
+  }
+
+  static int close(int fd) {
+    auto lock = f().lock();
+    // Linux releases the fd even when close reports an error: so does an injected one.
+    const bool failed = fails("close");
+    const int err = errno;
+    const FdKind kind = f().fake_kind(fd);
+    switch (kind) {
+      case FdKind::none: {
+        f().drop_watches(fd);
+        lock.unlock();
+        const int rc = ::close(fd);
+        if (!failed) return rc;
+        errno = err;
+        return -1;
+      }
+      case FdKind::epoll:
+        f().epolls_.erase(fd);
+        f().destroyed("epoll");
+        f().changed_.notify_all();
+        break;
+      case FdKind::eventfd:
+        f().drop_watches(fd);
+        f().eventfds_.erase(fd);
+        f().destroyed("eventfd");
+        break;
+      case FdKind::event_channel:
+      case FdKind::comp_channel:
+        channel_fd_misuse(kind, "close");
+        break;
+    }
+    if (!failed) return 0;
+    errno = err;
+    return -1;
+  }
 };
 
 namespace {
@@ -1302,13 +1591,13 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::ack_cq_events>::call,
     Sentinel<&FakeProvider::Impl::create_srq>::call,
     Sentinel<&FakeProvider::Impl::destroy_srq>::call,
-    ::epoll_create1,  // TODO(fake epoll): modelled in the next commit
-    ::epoll_ctl,
-    ::epoll_wait,
-    ::eventfd,
-    ::read,
-    ::write,
-    ::close,
+    Sentinel<&FakeProvider::Impl::epoll_create1, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::epoll_ctl>::call,
+    Sentinel<&FakeProvider::Impl::epoll_wait, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::eventfd, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::read, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::write, Ok::non_negative>::call,
+    Sentinel<&FakeProvider::Impl::close>::call,
 };
 }  // namespace
 
@@ -1322,6 +1611,8 @@ FakeProvider::FakeProvider() {
     foreign_[d].device = &devices_[d];
     cm_contexts_[d] = &contexts_[d];
   }
+  probe_epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(probe_epoll_ >= 0);
   g_current = this;
   override_ = std::make_unique<rpmapp::detail::ProviderOverride>(fake_table);
 }
@@ -1348,6 +1639,7 @@ FakeProvider::~FakeProvider() {
     delete reinterpret_cast<sockaddr_storage*>(ai->ai_dst_addr);
     delete ai;
   }
+  ::close(probe_epoll_);
   g_current = nullptr;
 }
 
@@ -1483,7 +1775,7 @@ rdma_cm_event* FakeProvider::make_event(rdma_cm_id* id, rdma_cm_event_type type,
 
 void FakeProvider::queue_event(rdma_event_channel* ch, rdma_cm_event* ev) {
   channels_[ch].queue.push_back(ev);
-  changed_.notify_all();
+  wakeup(ch->fd);
 }
 
 void FakeProvider::discard_event(rdma_cm_event* ev) {
@@ -1634,6 +1926,112 @@ void FakeProvider::expect_clean() const {
 }
 
 // ------------------------------------------------------------------------------------
+// epoll and eventfd.
+
+// The fake gives these the values of poll's flags, as Linux does.
+static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLPRI == POLLPRI &&
+              EPOLLERR == POLLERR && EPOLLHUP == POLLHUP && EPOLLRDHUP == POLLRDHUP &&
+              EPOLLRDNORM == POLLRDNORM && EPOLLWRNORM == POLLWRNORM);
+
+FakeProvider::FdKind FakeProvider::fake_kind(int fd) {
+  if (epolls_.count(fd)) return FdKind::epoll;
+  if (eventfds_.count(fd)) return FdKind::eventfd;
+  if (channel_by_fd(fd) != nullptr) return FdKind::event_channel;
+  if (comp_by_fd(fd) != nullptr) return FdKind::comp_channel;
+  return FdKind::none;
+}
+
+std::optional<std::uint32_t> FakeProvider::readiness(int fd, bool real) {
+  constexpr std::uint32_t readable = EPOLLIN | EPOLLRDNORM;
+  if (real) {
+    pollfd p{fd, static_cast<short>(POLLIN | POLLOUT | POLLPRI | POLLRDHUP | POLLRDNORM | POLLWRNORM), 0};
+    if (::poll(&p, 1, 0) < 0) return 0u;
+    if (p.revents & POLLNVAL) return std::nullopt;
+    return static_cast<std::uint32_t>(static_cast<unsigned short>(p.revents));
+  }
+  if (auto* ch = channel_by_fd(fd)) return ch->queue.empty() ? 0u : readable;  // ucma_poll
+  if (auto* comp = comp_by_fd(fd)) return comp->events.empty() ? 0u : readable;
+  auto it = eventfds_.find(fd);
+  if (it == eventfds_.end()) return std::nullopt;
+  std::uint32_t ready = 0;  // eventfd_poll
+  if (it->second.count > 0) ready |= readable;
+  if (it->second.count < std::numeric_limits<std::uint64_t>::max() - 1) ready |= EPOLLOUT | EPOLLWRNORM;
+  return ready;
+}
+
+void FakeProvider::wakeup(int fd) {
+  for (auto& [epfd, set] : epolls_)
+    if (auto it = set.find(fd); it != set.end()) it->second.edge_pending = true;
+  changed_.notify_all();
+}
+
+void FakeProvider::drop_watches(int fd) {
+  for (auto& [epfd, set] : epolls_) closed_while_watched_ += set.erase(fd);
+  changed_.notify_all();
+}
+
+bool FakeProvider::watches_real_fd(int epfd) const {
+  auto it = epolls_.find(epfd);
+  if (it == epolls_.end()) return false;
+  for (auto& [fd, w] : it->second)
+    if (w.real) return true;
+  return false;
+}
+
+int FakeProvider::collect_ready(int epfd, epoll_event* out, int max) {
+  auto found = epolls_.find(epfd);
+  if (found == epolls_.end()) return -1;
+  auto& set = found->second;
+  std::vector<std::pair<std::uint64_t, int>> by_order;
+  for (auto& [fd, w] : set) by_order.emplace_back(w.order, fd);
+  std::sort(by_order.begin(), by_order.end());
+  int n = 0;
+  for (auto& [order, fd] : by_order) {
+    if (n == max) break;
+    auto it = set.find(fd);
+    Watch& w = it->second;
+    if (!w.armed) continue;                                 // EPOLLONESHOT, until MOD
+    if ((w.events & EPOLLET) && !w.real && !w.edge_pending) continue;  // no wakeup since
+    const auto ready = readiness(fd, w.real);
+    if (!ready) {  // a real fd closed behind the fake's back: the kernel dropped it
+      set.erase(it);
+      ++closed_while_watched_;
+      continue;
+    }
+    w.edge_pending = false;
+    const std::uint32_t revents = *ready & w.events;
+    if (revents == 0) continue;
+    out[n].events = revents;
+    out[n].data = w.data;
+    ++n;
+    w.order = ++next_order_;  // a level-triggered entry goes back to the tail
+    if (w.events & EPOLLONESHOT) w.armed = false;
+  }
+  return n;
+}
+
+std::size_t FakeProvider::closed_while_watched() const {
+  auto held = lock();
+  return closed_while_watched_;
+}
+
+std::map<int, std::uint32_t> FakeProvider::watched(int epfd) const {
+  auto held = lock();
+  std::map<int, std::uint32_t> out;
+  auto it = epolls_.find(epfd);
+  if (it != epolls_.end())
+    for (auto& [fd, w] : it->second) out[fd] = w.events;
+  return out;
+}
+
+std::uint64_t FakeProvider::eventfd_value(int fd) const {
+  auto held = lock();
+  auto it = eventfds_.find(fd);
+  REQUIRE(it != eventfds_.end());
+  return it->second.count;
+}
+
+// ------------------------------------------------------------------------------------
 // The data path.
 
 bool FakeProvider::sge_ok(const ibv_pd* pd, const ibv_sge& sge, bool device_writes) const {
@@ -1666,6 +2064,7 @@ void FakeProvider::push_wc(ibv_cq* cq, const ibv_wc& wc) {
   if (info.armed && cq->channel != nullptr) {  // one event per arming
     info.armed = false;
     comp_channels_[cq->channel].events.push_back(cq);
+    wakeup(cq->channel->fd);
   }
   changed_.notify_all();
 }

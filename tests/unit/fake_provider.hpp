@@ -35,6 +35,35 @@
 //   is armed. ibv_get_cq_event blocks (watchdog) or gives EAGAIN like rdma_get_cm_event;
 //   destroying a CQ with unacknowledged events, an MR that is not alive, or a pd that
 //   still has MRs or shared receive queues is recorded as a failure.
+// - epoll and eventfd, as fs/eventpoll.c and fs/eventfd.c behave. epoll_create1 and eventfd
+//   give fake fds (EINVAL for unknown flags); close() releases them, and one never closed
+//   is a leak ("epoll", "eventfd"). epoll_ctl checks in the kernel's order: EFAULT (no
+//   event for ADD/MOD), EBADF (epfd, then fd, neither a live fake fd nor an open real
+//   one), EPERM (a real file that cannot be polled, e.g. a regular file), EINVAL (epfd ==
+//   fd, epfd not an epoll fd, an unknown op), then EEXIST (ADD twice) and ENOENT (MOD/DEL
+//   of an fd not in the set). EPOLLERR | EPOLLHUP are always watched. Readiness is level-
+//   triggered: an event channel is readable (EPOLLIN) while its queue is not empty, a
+//   completion channel while it has events, an eventfd while its counter is not 0 (and
+//   writable below its maximum); a real fd is asked with ::poll(..., 0) and one that
+//   reports POLLNVAL (closed behind the fake's back) leaves the set. EPOLLONESHOT disables
+//   an entry once reported until EPOLL_CTL_MOD; EPOLLET reports an entry after each wakeup
+//   (an event queued, an eventfd read or written, ADD, MOD) only. Ready entries come out
+//   least recently reported first, like the kernel's ready list (maxevents cannot starve
+//   one). epoll_wait waits up to its timeout; -1 gives up after `watchdog` (a recorded
+//   hang, -1 ETIME, as poll); while real fds are watched it looks again every millisecond.
+//   An event queued or an eventfd written by another thread wakes it at once.
+// - A fake channel destroyed, or an eventfd or real fd closed through close(), while in an
+//   epoll set leaves the set, as the kernel drops a closed file; each such registration is
+//   counted in closed_while_watched() (rpmapp must remove a channel before destroying it).
+// - eventfd read: EINVAL for a buffer under 8 bytes, the counter (1 with EFD_SEMAPHORE)
+//   and reset, EAGAIN at 0 when non-blocking, a watchdog-bounded wait when blocking. write:
+//   EINVAL under 8 bytes or for 0xffffffffffffffff, adds, EAGAIN/waits when it would
+//   overflow. read/write/close of a real fd go to the system (the fake's mutex released).
+// - Not modelled, recorded as a failure when used: EPOLLEXCLUSIVE, EPOLLWAKEUP, EPOLLET on
+//   a real fd (the fake sees no wakeups of real files), an epoll fd inside an epoll set,
+//   read/write/close of a channel's fd (librdmacm's and libibverbs' to manage). A real fd
+//   closed with ::close directly (not through the provider) is seen only if poll() says
+//   POLLNVAL, i.e. not when its number was reused; dup'ed fds are not modelled.
 #pragma once
 
 #include <rpmapp/detail/provider.hpp>
@@ -263,9 +292,21 @@ class FakeProvider {
   ibv_qp_init_attr last_qp_attr{};
   rdma_conn_param last_conn_param{};
 
+  // ---- epoll and eventfd
+  /// epoll registrations dropped because their file went away while watched (a fake
+  /// channel destroyed, an fd closed through close()): legal for the kernel, but rpmapp
+  /// must EPOLL_CTL_DEL a source before destroying it.
+  std::size_t closed_while_watched() const;
+  /// The fds in the set of the fake epoll fd `epfd`, each with the events it watches (as
+  /// stored: EPOLLERR | EPOLLHUP added); empty when `epfd` is not a live epoll fd.
+  std::map<int, std::uint32_t> watched(int epfd) const;
+  /// The counter of the fake eventfd `fd` (REQUIREs that it is alive).
+  std::uint64_t eventfd_value(int fd) const;
+
   // ---- accounting
   /// Live resources of `kind`: "event_channel", "cm_id", "qp", "cq", "comp_channel", "pd",
-  /// "addrinfo", "unacked_event", "device_list", "mr", "srq", "unacked_cq_event".
+  /// "addrinfo", "unacked_event", "device_list", "mr", "srq", "unacked_cq_event", "epoll",
+  /// "eventfd".
   long alive(const std::string& kind) const;
   /// Everything still alive and every recorded misuse, one per line; "" when clean.
   std::string problems() const;
@@ -355,6 +396,18 @@ class FakeProvider {
   void complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_status status, bool recv);
   void flush_qp(ibv_qp* qp);
   CompChannelInfo* comp_by_fd(int fd);
+  // epoll and eventfd (mutex_ held).
+  enum class FdKind { none, event_channel, comp_channel, epoll, eventfd };
+  FdKind fake_kind(int fd);
+  /// The events `fd` is ready for; nullopt when a real fd is no longer open.
+  std::optional<std::uint32_t> readiness(int fd, bool real);
+  /// A wakeup of `fd`'s wait queue: edge-triggered watches of it report again.
+  void wakeup(int fd);
+  /// `fd`'s file is gone: it leaves every epoll set (counted in closed_while_watched_).
+  void drop_watches(int fd);
+  /// Fills `out` with up to `max` ready entries of `epfd`'s set; -1 when it is not alive.
+  int collect_ready(int epfd, epoll_event* out, int max);
+  bool watches_real_fd(int epfd) const;
 
   struct Fault {
     std::string call;
@@ -394,6 +447,24 @@ class FakeProvider {
   std::set<rdma_addrinfo*> addrinfos_;
   std::vector<std::pair<rdma_event_channel*, rdma_cm_event*>> held_;
   std::size_t taken_after_poll_ = 0;
+  struct Watch {  // an epoll registration
+    std::uint32_t events = 0;  // as given, with EPOLLERR | EPOLLHUP
+    epoll_data_t data{};
+    bool real = false;          // a real fd, checked with ::poll
+    bool armed = true;          // false once an EPOLLONESHOT entry was reported
+    bool edge_pending = true;   // EPOLLET: woken since last reported
+    std::uint64_t order = 0;    // place in the ready list: least recently reported first
+  };
+  struct EventFd {
+    std::uint64_t count = 0;
+    bool nonblocking = false;
+    bool semaphore = false;
+  };
+  std::map<int, std::map<int, Watch>> epolls_;  // epoll fd -> its set, by watched fd
+  std::map<int, EventFd> eventfds_;
+  std::uint64_t next_order_ = 0;
+  std::size_t closed_while_watched_ = 0;
+  int probe_epoll_ = -1;  // a real epoll fd: asks the kernel whether a real fd can be watched
   int next_fd_ = 1000;
   std::uint16_t next_port_ = 50000;
   std::uint32_t next_qp_num_ = 100;
