@@ -1953,9 +1953,11 @@ std::optional<std::uint32_t> FakeProvider::readiness(int fd, bool real) {
   if (auto* comp = comp_by_fd(fd)) return comp->events.empty() ? 0u : readable;
   auto it = eventfds_.find(fd);
   if (it == eventfds_.end()) return std::nullopt;
-  std::uint32_t ready = 0;  // eventfd_poll
-  if (it->second.count > 0) ready |= readable;
-  if (it->second.count < std::numeric_limits<std::uint64_t>::max() - 1) ready |= EPOLLOUT | EPOLLWRNORM;
+  constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+  std::uint32_t ready = 0;  // eventfd_poll: no RDNORM / WRNORM
+  if (it->second.count > 0) ready |= EPOLLIN;
+  if (it->second.count == max) ready |= EPOLLERR;  // unreachable through write()
+  if (it->second.count < max - 1) ready |= EPOLLOUT;
   return ready;
 }
 
