@@ -130,8 +130,9 @@ class LoopCore {
       w->loop_gone();
     }
     const Provider& p = *seam;
-    if (wakefd >= 0 && p.close(wakefd) != 0) log(LogLevel::warning, "~EventLoop", provider_error("close", errno, "the loop's eventfd"));
+    // The epoll fd first: the eventfd is in its set.
     if (epfd >= 0 && p.close(epfd) != 0) log(LogLevel::warning, "~EventLoop", provider_error("close", errno, "the loop's epoll fd"));
+    if (wakefd >= 0 && p.close(wakefd) != 0) log(LogLevel::warning, "~EventLoop", provider_error("close", errno, "the loop's eventfd"));
   }
 
   // ---- waiters
