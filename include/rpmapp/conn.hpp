@@ -52,6 +52,7 @@ inline expected<std::optional<ConnEvent>> take_conn_event(const char* call, Conn
   return no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
     auto event = next_cm_event(core.channel.get(), deadline);
     if (!event) return fail(event.error());
+    event->get_deleter().by = {call, LogLevel::notice};  // acknowledged there on failure only
     const rdma_cm_event_type type = (*event)->event;
     // Copy before the acknowledgement releases the event; publish after it succeeded.
     std::vector<std::byte> data;
@@ -66,7 +67,11 @@ inline expected<std::optional<ConnEvent>> take_conn_event(const char* call, Conn
       case RDMA_CM_EVENT_DEVICE_REMOVAL: return ConnEvent::lost;
       case RDMA_CM_EVENT_DISCONNECTED:
       case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-        if (core.closed_reported) return std::nullopt;
+        if (core.closed_reported) {
+          log_event(LogLevel::debug, call, type,
+                    "the second end of the connection, acknowledged and not reported");
+          return std::nullopt;
+        }
         core.closed_reported = true;
         return ConnEvent::closed;
       case RDMA_CM_EVENT_REJECTED: return ConnEvent::rejected;
@@ -100,8 +105,17 @@ class ConnReq;
 class Conn {
  public:
   Conn(Conn&&) noexcept = default;
-  Conn& operator=(Conn&&) noexcept = default;
-  /// Releases everything, like close(), ignoring errors.
+  /// Releases this connection as the destructor does (failures logged under
+  /// "Conn::operator="), then takes `other`'s.
+  Conn& operator=(Conn&& other) noexcept {
+    if (this != &other) {
+      if (core_) core_->teardown = {"Conn::operator=", LogLevel::warning};
+      core_ = std::move(other.core_);
+    }
+    return *this;
+  }
+  /// Releases everything, like close(); a failure is logged (warning, "Conn::~Conn"; the
+  /// ones after the first, notice).
   ~Conn() = default;
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
@@ -351,17 +365,20 @@ class Conn {
   /// Releases the queue pair, completion queues, cm_id and event channel (consumes the
   /// Conn: it is empty afterwards, whatever the result) and returns the first failure.
   /// Errors: inval when empty; provider: ibv_destroy_cq, ibv_destroy_comp_channel or
-  /// rdma_destroy_id failed (the rest is still released).
+  /// rdma_destroy_id failed (the rest is still released; failures after the first are
+  /// logged, notice).
   expected<void> close() && noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::close"));
     auto core = std::move(core_);
-    return detail::close_core(*core);
+    return detail::close_core(*core, {"Conn::close", LogLevel::warning});
   }
 
  private:
   friend struct detail::LoopAccess;
   friend class ConnReq;
-  explicit Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept : core_(std::move(core)) {}
+  explicit Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept : core_(std::move(core)) {
+    core_->teardown = {"Conn::~Conn", LogLevel::warning};
+  }
 
   static Error not_shared(const char* call) noexcept {
     return Error(errc::not_shared_chnl, 0, call,

@@ -56,7 +56,18 @@ class ConnReq {
                                         const ConnConfig& config = {}) noexcept;
 
   ConnReq(ConnReq&&) noexcept = default;
-  ConnReq& operator=(ConnReq&&) noexcept = default;
+  /// Releases this request as the destructor does (failures logged under
+  /// "ConnReq::operator="), then takes `other`'s.
+  ConnReq& operator=(ConnReq&& other) noexcept {
+    if (this != &other) {
+      if (core_) core_->teardown = {"ConnReq::operator=", LogLevel::warning};
+      core_ = std::move(other.core_);
+      incoming_ = other.incoming_;
+    }
+    return *this;
+  }
+  /// Releases the request as close() does; a failure is logged (warning,
+  /// "ConnReq::~ConnReq"; the ones after the first, notice).
   ~ConnReq() = default;
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
@@ -78,6 +89,7 @@ class ConnReq {
         !ok)
       return detail::fail(ok.error());
     auto core = std::move(core_);
+    core->teardown = {call, LogLevel::notice};  // released here if the call fails
     rdma_conn_param param = detail::conn_param(private_data, core->config);
     errno = 0;
     if (incoming_) {
@@ -107,22 +119,23 @@ class ConnReq {
         !ok)
       return detail::fail(ok.error());
     auto core = std::move(core_);
-    detail::FirstError first;
+    detail::FirstError first{{call, LogLevel::warning}};
     errno = 0;
     first.errno_call(detail::provider().reject(core->id.get(), private_data.data(),
                                                static_cast<std::uint8_t>(private_data.size())),
                      "rdma_reject");
     core->id.get_deleter().reject_first = false;
-    if (auto closed = detail::close_core(*core); !closed) first.note(closed.error());
+    if (auto closed = detail::close_core(*core, first.by); !closed) first.note(closed.error());
     return first.result();
   }
 
   /// Releases the request (an incoming one is rejected without private data), reporting
-  /// the first failure. Consumed whatever the result. Errors: inval when empty; provider.
+  /// the first failure (the later ones are logged, notice). Consumed whatever the result.
+  /// Errors: inval when empty; provider.
   expected<void> close() && noexcept {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::close"));
     auto core = std::move(core_);
-    return detail::close_core(*core);
+    return detail::close_core(*core, {"ConnReq::close", LogLevel::warning});
   }
 
   /// Posts a receive before the connection exists (librpma's rpma_conn_req_recv), so that
@@ -185,7 +198,9 @@ class ConnReq {
                                            std::string_view addr, std::string_view port,
                                            const ConnConfig& config) noexcept;
   ConnReq(std::unique_ptr<detail::ConnectionCore> core, bool incoming) noexcept
-      : core_(std::move(core)), incoming_(incoming) {}
+      : core_(std::move(core)), incoming_(incoming) {
+    core_->teardown = {"ConnReq::~ConnReq", LogLevel::warning};
+  }
 
   std::unique_ptr<detail::ConnectionCore> core_;
   bool incoming_ = false;
@@ -196,7 +211,18 @@ class ConnReq {
 class PendingConnReq {
  public:
   PendingConnReq(PendingConnReq&&) noexcept = default;
-  PendingConnReq& operator=(PendingConnReq&&) noexcept = default;
+  /// Releases this request as the destructor does (failures logged under
+  /// "PendingConnReq::operator="), then takes `other`'s.
+  PendingConnReq& operator=(PendingConnReq&& other) noexcept {
+    if (this != &other) {
+      if (core_) core_->teardown = {"PendingConnReq::operator=", LogLevel::warning};
+      core_ = std::move(other.core_);
+      stage_ = other.stage_;
+    }
+    return *this;
+  }
+  /// Releases what resolution made so far; a failure is logged (warning,
+  /// "PendingConnReq::~PendingConnReq"; the ones after the first, notice).
   ~PendingConnReq() = default;
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
@@ -233,7 +259,7 @@ class PendingConnReq {
     const auto bound = 2 * core_->config.timeout + std::chrono::milliseconds(1000);
     auto result = std::move(*this).advance(call, detail::Wait::bounded(bound));
     if (!result && result.error() == errc::no_event && core_) {
-      core_.reset();
+      drop(call);
       return detail::fail(detail::make_error(errc::provider, ETIMEDOUT, resolving_call(),
                                              "no resolution event within {} ms", bound.count()));
     }
@@ -246,7 +272,16 @@ class PendingConnReq {
   enum class Stage { address, route };
 
   explicit PendingConnReq(std::unique_ptr<detail::ConnectionCore> core) noexcept
-      : core_(std::move(core)) {}
+      : core_(std::move(core)) {
+    core_->teardown = {"PendingConnReq::~PendingConnReq", LogLevel::warning};
+  }
+
+  // Releases the request after `call` failed (release failures are logged, notice: the
+  // caller gets the failure that ended it).
+  void drop(const char* call) noexcept {
+    core_->teardown = {call, LogLevel::notice};
+    core_.reset();
+  }
 
   const char* resolving_call() const noexcept {
     return stage_ == Stage::address ? "rdma_resolve_addr" : "rdma_resolve_route";
@@ -259,13 +294,16 @@ class PendingConnReq {
     for (;;) {
       auto event = detail::next_cm_event(core_->channel.get(), deadline);
       if (!event) {
-        if (event.error() != errc::no_event) core_.reset();
+        if (event.error() != errc::no_event) drop(call);
         return detail::fail(event.error());
       }
       auto step = handle(call, **event);
-      if (auto acked = detail::ack(*event); !acked && step) step = detail::fail(acked.error());
+      if (auto acked = detail::ack(*event); !acked) {
+        if (step) step = detail::fail(acked.error());
+        else detail::log(LogLevel::notice, call, acked.error());  // the step's failure is returned
+      }
       if (!step) {
-        core_.reset();
+        drop(call);
         return detail::fail(step.error());
       }
       if (*step) return ConnReq(std::move(core_), false);
@@ -323,6 +361,7 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
   return detail::no_throw(call, [&]() -> expected<PendingConnReq> {
     const detail::Provider& p = detail::provider();
     auto core = std::make_unique<detail::ConnectionCore>();
+    core->teardown = {call, LogLevel::notice};  // until a PendingConnReq owns it
     core->peer = peer.state();
     core->config = config;
     core->config.srq = nullptr;  // the queue is held by core->srq from here on

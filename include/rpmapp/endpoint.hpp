@@ -124,16 +124,18 @@ class Endpoint {
   }
 
   Endpoint(Endpoint&& other) noexcept = default;
+  /// Releases this handle as shutdown() does (a failure is logged: warning,
+  /// "Endpoint::operator="), then takes `other`'s.
   Endpoint& operator=(Endpoint&& other) noexcept {
     if (this != &other) {
-      (void)release();
+      release_logged("Endpoint::operator=");
       state_ = std::move(other.state_);
       watchers_ = std::move(other.watchers_);
     }
     return *this;
   }
-  /// Does what shutdown() does, ignoring errors.
-  ~Endpoint() { (void)release(); }
+  /// Does what shutdown() does; a failure is logged (warning, "Endpoint::~Endpoint").
+  ~Endpoint() { release_logged("Endpoint::~Endpoint"); }
 
   explicit operator bool() const noexcept { return state_ != nullptr; }
 
@@ -217,10 +219,11 @@ class Endpoint {
   /// and the errors go to the caller that released the last handle.
   /// Requests taken and connections made earlier are not affected.
   /// Errors: inval when empty; provider: rdma_get_cm_event, rdma_reject,
-  /// rdma_ack_cm_event or rdma_destroy_id failed (the rest is still released).
+  /// rdma_ack_cm_event or rdma_destroy_id failed (the rest is still released; failures
+  /// after the first are logged, notice; requests rejected here are logged, info).
   expected<void> shutdown() && noexcept {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::shutdown"));
-    return release();
+    return release({"Endpoint::shutdown", LogLevel::warning});
   }
 
  private:
@@ -238,10 +241,16 @@ class Endpoint {
     });
   }
 
-  expected<void> release() noexcept {
+  expected<void> release(detail::Teardown by) noexcept {
     watchers_.notify();  // event loops let go of the channel's fd while it is open
     if (!state_) return {};
-    return detail::release_listener(std::move(state_));
+    return detail::release_listener(std::move(state_), by);
+  }
+
+  void release_logged(const char* where) noexcept {
+    const detail::Teardown by{where, LogLevel::warning};
+    if (auto released = release(by); !released) [[unlikely]]
+      detail::log(by.level, by.where, released.error());
   }
 
   expected<ConnReq> next(const char* call, const ConnConfig& config, detail::Wait wait) noexcept {

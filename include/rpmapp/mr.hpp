@@ -82,9 +82,19 @@ class MrLocal {
   }
 
   MrLocal(MrLocal&&) noexcept = default;
-  MrLocal& operator=(MrLocal&&) noexcept = default;
-  /// Deregisters, ignoring errors (use dereg() to see them).
-  ~MrLocal() = default;
+  /// Deregisters this region as the destructor does (a failure is logged under
+  /// "MrLocal::operator="), then takes `other`'s.
+  MrLocal& operator=(MrLocal&& other) noexcept {
+    if (this != &other) {
+      dereg_logged("MrLocal::operator=");
+      peer_ = std::move(other.peer_);
+      mr_ = std::move(other.mr_);
+      usage_ = other.usage_;
+    }
+    return *this;
+  }
+  /// Deregisters; a failure is logged (warning, "MrLocal::~MrLocal"; use dereg() to get it).
+  ~MrLocal() { dereg_logged("MrLocal::~MrLocal"); }
 
   /// False when moved from or deregistered.
   explicit operator bool() const noexcept { return mr_ != nullptr; }
@@ -174,6 +184,15 @@ class MrLocal {
   friend struct detail::MrAccess;
   MrLocal(std::shared_ptr<detail::PeerState> peer, detail::MemoryRegion mr, MrUsage usage) noexcept
       : peer_(std::move(peer)), mr_(std::move(mr)), usage_(usage) {}
+
+  void dereg_logged(const char* where) noexcept {
+    if (mr_) {
+      const detail::Provider& p = mr_.get_deleter().provider();
+      detail::log_value_release({where, LogLevel::warning}, p.dereg_mr(mr_.release()),
+                                "ibv_dereg_mr");
+    }
+    peer_.reset();
+  }
 
   std::shared_ptr<detail::PeerState> peer_;  // declared first: outlives the registration
   detail::MemoryRegion mr_;

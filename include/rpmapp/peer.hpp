@@ -39,6 +39,28 @@ struct PeerState {
   // connections (what lands there is never looked at).
   std::unique_ptr<std::byte, FreeDeleter> flush_buffer;
   MemoryRegion flush_mr;
+  /// Who releases the domain when the state goes: Peer::open on its failure paths, then
+  /// the last of the Peer and what was made from it.
+  Teardown teardown{"Peer (last reference)", LogLevel::warning};
+
+  PeerState() = default;
+  PeerState(const PeerState&) = delete;
+  PeerState& operator=(const PeerState&) = delete;
+  ~PeerState() {
+    if (auto released = release(teardown); !released) [[unlikely]]
+      log(teardown.level, teardown.where, released.error());
+  }
+
+  /// Deregisters the flush buffer and deallocates the domain, reporting the first failure
+  /// (the rest is still released). Idempotent.
+  expected<void> release(Teardown by) noexcept {
+    // libibverbs' destroy calls return the errno value instead of setting errno
+    FirstError first{by};
+    if (flush_mr) first.value_call(seam->dereg_mr(flush_mr.release()), "ibv_dereg_mr");
+    flush_buffer.reset();
+    if (pd) first.value_call(seam->dealloc_pd(pd.release()), "ibv_dealloc_pd");
+    return first.result();
+  }
 };
 
 /// IB_UVERBS_DEVICE_ATOMIC_WRITE in device_cap_flags_ex (rdma-core 44 has no name for it
@@ -100,6 +122,7 @@ class Peer {
       return detail::fail(owned.error());
     return detail::no_throw(call, [&]() -> expected<Peer> {
       auto state = std::make_shared<detail::PeerState>();
+      state->teardown = {call, LogLevel::notice};  // until the Peer is made
       const detail::Provider& p = detail::provider();
       // librpma's capability probes: on-demand paging (RC read and write) and native
       // atomic write.
@@ -130,6 +153,7 @@ class Peer {
                                               MrUsage::read_dst);
       if (!flush_mr) return detail::fail(flush_mr.error());
       state->flush_mr = std::move(*flush_mr);
+      state->teardown = {"Peer (last reference)", LogLevel::warning};
       return Peer(std::move(state));
     });
   }
@@ -155,7 +179,9 @@ class Peer {
       errno = 0;
       if (detail::provider().create_id(nullptr, &raw, nullptr, RDMA_PS_TCP) != 0)
         return detail::fail(detail::provider_error("rdma_create_id", errno));
-      detail::CmId id(raw);
+      // Destroyed on the way out: a failure there is logged (notice when this call fails).
+      detail::CmId id(raw, detail::CmIdDeleter{false, detail::current_provider,
+                                               {call, LogLevel::notice}});
       auto info = detail::get_addr_info(std::string(addr), {}, kind == AddressKind::local);
       if (!info) return detail::fail(info.error());
       errno = 0;
@@ -168,13 +194,25 @@ class Peer {
       }
       if (id->verbs == nullptr)
         return detail::fail(detail::invalid(call, "no RDMA device has address {}", addr));
-      return open(id->verbs);
+      auto peer = open(id->verbs);
+      if (peer) id.get_deleter().by.level = LogLevel::warning;
+      return peer;
     });
   }
 
   Peer(Peer&&) noexcept = default;
-  Peer& operator=(Peer&&) noexcept = default;
-  ~Peer() = default;
+  /// Releases this handle as the destructor does, then takes `other`'s.
+  Peer& operator=(Peer&& other) noexcept {
+    if (this != &other) {
+      release_logged("Peer::operator=");
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  /// Releases this handle; when it is the last user of the protection domain, the domain
+  /// is deallocated and a failure logged (warning, "Peer::~Peer"). When something made
+  /// from the Peer goes last, its failure is logged under "Peer (last reference)".
+  ~Peer() { release_logged("Peer::~Peer"); }
 
   /// False when moved from or closed.
   explicit operator bool() const noexcept { return state_ != nullptr; }
@@ -214,19 +252,12 @@ class Peer {
   /// now and a failure is reported; otherwise it goes when its last user goes.
   /// The Peer is empty afterwards, whatever the result.
   /// Errors: inval when empty; provider: ibv_dereg_mr (the flush buffer's) or
-  /// ibv_dealloc_pd failed (the first failure; the rest is still released).
+  /// ibv_dealloc_pd failed (the first failure; the rest is still released, and a later
+  /// failure is logged, notice).
   expected<void> close() && noexcept {
     if (!state_) return detail::fail(detail::moved_from("Peer::close"));
     auto state = std::move(state_);
-    if (state.use_count() == 1) {
-      // libibverbs' destroy calls return the errno value instead of setting errno
-      const detail::Provider& p = *state->seam;
-      int dereg = state->flush_mr ? p.dereg_mr(state->flush_mr.release()) : 0;
-      state->flush_buffer.reset();
-      int dealloc = p.dealloc_pd(state->pd.release());
-      if (dereg != 0) return detail::fail(detail::provider_error("ibv_dereg_mr", dereg));
-      if (dealloc != 0) return detail::fail(detail::provider_error("ibv_dealloc_pd", dealloc));
-    }
+    if (state.use_count() == 1) return state->release({"Peer::close", LogLevel::warning});
     return {};
   }
 
@@ -235,6 +266,18 @@ class Peer {
 
  private:
   explicit Peer(std::shared_ptr<detail::PeerState> state) noexcept : state_(std::move(state)) {}
+
+  void release_logged(const char* where) noexcept {
+    if (!state_) return;
+    auto state = std::move(state_);
+    // The last user: released here, under this name (no other reference can appear).
+    if (state.use_count() == 1) {
+      const detail::Teardown by{where, LogLevel::warning};
+      if (auto released = state->release(by); !released) [[unlikely]]
+        detail::log(by.level, by.where, released.error());
+    }
+  }
+
   std::shared_ptr<detail::PeerState> state_;
 };
 

@@ -34,6 +34,28 @@ struct SrqState {
   SharedReceiveQueue srq;
   CompChannel channel;
   CompletionQueue rcq;
+  /// Who releases the queue when the state goes: Srq::create on its failure paths, then
+  /// the last of the Srq and the connections using it.
+  Teardown teardown{"Srq (last reference)", LogLevel::warning};
+
+  SrqState() = default;
+  SrqState(const SrqState&) = delete;
+  SrqState& operator=(const SrqState&) = delete;
+  ~SrqState() {
+    if (auto released = release(teardown); !released) [[unlikely]]
+      log(teardown.level, teardown.where, released.error());
+  }
+
+  /// Destroys the CQ, its channel and the queue, reporting the first failure (the rest is
+  /// still released). Idempotent.
+  expected<void> release(Teardown by) noexcept {
+    FirstError first{by};
+    if (rcq) first.value_call(seam->destroy_cq(rcq.release()), "ibv_destroy_cq");
+    if (channel)
+      first.value_call(seam->destroy_comp_channel(channel.release()), "ibv_destroy_comp_channel");
+    if (srq) first.value_call(seam->destroy_srq(srq.release()), "ibv_destroy_srq");
+    return first.result();
+  }
 };
 }  // namespace detail
 
@@ -60,6 +82,7 @@ class Srq {
     return detail::no_throw(call, [&]() -> expected<Srq> {
       const detail::Provider& p = detail::provider();
       auto state = std::make_shared<detail::SrqState>();
+      state->teardown = {call, LogLevel::notice};  // until the Srq is made
       state->peer = peer.state();
       ibv_srq_init_attr attr{};
       attr.attr.max_wr = config.rq_size;
@@ -78,13 +101,24 @@ class Srq {
         if (!state->rcq) return detail::fail(detail::provider_error("ibv_create_cq", errno));
         if (auto armed = detail::rearm(state->rcq.get()); !armed) return detail::fail(armed.error());
       }
+      state->teardown = {"Srq (last reference)", LogLevel::warning};
       return Srq(std::move(state));
     });
   }
 
   Srq(Srq&&) noexcept = default;
-  Srq& operator=(Srq&&) noexcept = default;
-  ~Srq() = default;
+  /// Releases this handle as the destructor does, then takes `other`'s.
+  Srq& operator=(Srq&& other) noexcept {
+    if (this != &other) {
+      release_logged("Srq::operator=");
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  /// Releases this handle; when no connection uses the queue any more it is destroyed and
+  /// a failure logged (warning, "Srq::~Srq"). When a connection goes last, its failure is
+  /// logged under "Srq (last reference)".
+  ~Srq() { release_logged("Srq::~Srq"); }
 
   explicit operator bool() const noexcept { return state_ != nullptr; }
 
@@ -122,25 +156,12 @@ class Srq {
   /// (CQ, channel, queue) and the first failure is reported; otherwise it goes with its
   /// last connection. The Srq is empty afterwards, whatever the result.
   /// Errors: inval when empty; provider: ibv_destroy_cq, ibv_destroy_comp_channel or
-  /// ibv_destroy_srq failed.
+  /// ibv_destroy_srq failed (the first failure; a later one is logged, notice).
   expected<void> close() && noexcept {
     if (!state_) return detail::fail(detail::moved_from("Srq::close"));
     auto state = std::move(state_);
     if (state.use_count() != 1) return {};
-    const detail::Provider& p = *state->seam;
-    int first = 0;
-    const char* first_call = nullptr;
-    auto note = [&](int rc, const char* name) {
-      if (rc != 0 && first_call == nullptr) {
-        first = rc;
-        first_call = name;
-      }
-    };
-    if (state->rcq) note(p.destroy_cq(state->rcq.release()), "ibv_destroy_cq");
-    if (state->channel) note(p.destroy_comp_channel(state->channel.release()), "ibv_destroy_comp_channel");
-    note(p.destroy_srq(state->srq.release()), "ibv_destroy_srq");
-    if (first_call != nullptr) return detail::fail(detail::provider_error(first_call, first));
-    return {};
+    return state->release({"Srq::close", LogLevel::warning});
   }
 
   /// Internal: the shared state, for the connections that use the queue.
@@ -148,6 +169,18 @@ class Srq {
 
  private:
   explicit Srq(std::shared_ptr<detail::SrqState> state) noexcept : state_(std::move(state)) {}
+
+  void release_logged(const char* where) noexcept {
+    if (!state_) return;
+    auto state = std::move(state_);
+    // The last user: released here, under this name (no other reference can appear).
+    if (state.use_count() == 1) {
+      const detail::Teardown by{where, LogLevel::warning};
+      if (auto released = state->release(by); !released) [[unlikely]]
+        detail::log(by.level, by.where, released.error());
+    }
+  }
+
   std::shared_ptr<detail::SrqState> state_;
 };
 

@@ -138,5 +138,15 @@ inline const char* event_name(rdma_cm_event_type type) noexcept {
   return "UNKNOWN_EVENT";
 }
 
+/// Logs that an event of `type` was not reported: "<TYPE> event: <what>". Formats only
+/// when a log function listens at `level`.
+inline void log_event(LogLevel level, const char* where, rdma_cm_event_type type,
+                      std::string_view what) noexcept {
+  if (!log_enabled(level)) return;
+  char text[160];
+  const auto n = fmt::format_to_n(text, sizeof text, "{} event: {}", event_name(type), what).size;
+  log(level, where, std::string_view(text, n < sizeof text ? n : sizeof text));
+}
+
 }  // namespace detail
 RPMAPP_END_NAMESPACE

@@ -44,6 +44,11 @@ struct ConnectionCore {
   /// Event loops waiting on this connection: last, so they are told before anything is
   /// released (their fds leave epoll sets while still open).
   SourceLink watchers;
+  /// Who releases what is left when the core is destroyed: the function that is making it
+  /// (on its failure paths), then its owner's destructor. Each owner sets it.
+  Teardown teardown{"detail::ConnectionCore", LogLevel::warning};
+
+  ~ConnectionCore();
 
   /// The receive CQ, its channel: the connection's own, the shared receive queue's, or
   /// none (receive completions go to the main CQ).
@@ -59,35 +64,12 @@ struct ConnectionCore {
   }
 };
 
-/// Remembers the first failure of a teardown sequence that goes on regardless.
-struct FirstError {
-  bool failed = false;
-  Error error;
-  /// For calls returning -1 and setting errno (librdmacm).
-  void errno_call(int rc, const char* call) noexcept {
-    if (rc != 0) note(provider_error(call, errno));
-  }
-  /// For calls returning an errno value (libibverbs).
-  void value_call(int rc, const char* call) noexcept {
-    if (rc != 0) note(provider_error(call, rc));
-  }
-  void note(const Error& e) noexcept {
-    if (!failed) {
-      failed = true;
-      error = e;
-    }
-  }
-  expected<void> result() const noexcept {
-    if (failed) return fail(error);
-    return {};
-  }
-};
-
-/// Releases everything `core` owns, in teardown order, reporting the first failure.
-inline expected<void> close_core(ConnectionCore& core) noexcept {
+/// Releases everything `core` owns, in teardown order, reporting the first failure (the
+/// later ones are logged, see FirstError).
+inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
   core.watchers.notify();
   const Provider& p = *core.seam;
-  FirstError first;
+  FirstError first{by};
   if (core.qp) p.destroy_qp(core.qp.release());
   if (core.rcq) first.value_call(p.destroy_cq(core.rcq.release()), "ibv_destroy_cq");
   if (core.cq) first.value_call(p.destroy_cq(core.cq.release()), "ibv_destroy_cq");
@@ -108,6 +90,11 @@ inline expected<void> close_core(ConnectionCore& core) noexcept {
   core.srq.reset();
   core.peer.reset();
   return first.result();
+}
+
+inline ConnectionCore::~ConnectionCore() {
+  if (auto closed = close_core(*this, teardown); !closed) [[unlikely]]
+    log(teardown.level, teardown.where, closed.error());
 }
 
 inline expected<void> check_config(const char* call, const ConnConfig& cfg) noexcept {

@@ -2,14 +2,81 @@
 // was current when the handle was made (a handle that outlives a test's provider override
 // is still released by the provider that created its resource); a struct's member order
 // encodes teardown order (a cm_id before its event channel).
+//
+// The owners (ConnectionCore, ListenerState, PeerState, SrqState, MrLocal) release their
+// handles explicitly and report failures under their own name; a deleter below releases
+// only what an owner did not, and reports a failure that nobody else can see through the
+// log hook (warning, `where` naming the handle). Nothing is formatted unless a log
+// function listens.
 #pragma once
 
+#include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/provider.hpp>
+#include <rpmapp/log.hpp>
 
 #include <memory>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
+
+/// Who tears something down, for the log: the rpmapp function or destructor (`where`),
+/// and how severe a failed release is there: warning where nobody else learns of it,
+/// notice where the caller already gets an error (the first failure of a close(), or the
+/// failure that made a call give up).
+struct Teardown {
+  const char* where;
+  LogLevel level;
+};
+
+/// Reports a failed release: `rc` as librdmacm returns it (-1 and errno).
+inline void log_errno_release(const Teardown& by, int rc, const char* call) noexcept {
+  if (rc != 0) [[unlikely]] {
+    const int e = errno;
+    if (log_enabled(by.level)) log(by.level, by.where, provider_error(call, e));
+  }
+}
+/// As above, for libibverbs' destroy calls (which return the errno value).
+inline void log_value_release(const Teardown& by, int rc, const char* call) noexcept {
+  if (rc != 0) [[unlikely]] {
+    if (log_enabled(by.level)) log(by.level, by.where, provider_error(call, rc));
+  }
+}
+
+/// One level less severe than `level` (debug stays debug).
+constexpr LogLevel less_severe(LogLevel level) noexcept {
+  return level == LogLevel::debug ? level : static_cast<LogLevel>(static_cast<int>(level) + 1);
+}
+
+/// Remembers the first failure of a teardown sequence that goes on regardless (the one
+/// the caller gets); each later one is logged one level below `by.level`, under `by.where`.
+struct FirstError {
+  explicit FirstError(Teardown who) noexcept : by(who) {}
+  Teardown by;
+  bool failed = false;
+  Error error;
+  /// For calls returning -1 and setting errno (librdmacm).
+  void errno_call(int rc, const char* call) noexcept {
+    if (rc != 0) [[unlikely]]
+      note(provider_error(call, errno));
+  }
+  /// For calls returning an errno value (libibverbs).
+  void value_call(int rc, const char* call) noexcept {
+    if (rc != 0) [[unlikely]]
+      note(provider_error(call, rc));
+  }
+  void note(const Error& e) noexcept {
+    if (!failed) {
+      failed = true;
+      error = e;
+      return;
+    }
+    log(less_severe(by.level), by.where, e);
+  }
+  expected<void> result() const noexcept {
+    if (failed) return fail(error);
+    return {};
+  }
+};
 
 /// The provider seam current when a handle is made, kept by its deleter.
 struct CapturedProvider {
@@ -27,16 +94,26 @@ using EventChannel = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
 struct CmIdDeleter {
   bool reject_first = false;
   const Provider* seam = current_provider;
+  Teardown by{"detail::CmId", LogLevel::warning};
   void operator()(rdma_cm_id* id) const noexcept {
-    if (reject_first) (void)seam->reject(id, nullptr, 0);
-    (void)seam->destroy_id(id);
+    if (reject_first) {
+      errno = 0;
+      log_errno_release(by, seam->reject(id, nullptr, 0), "rdma_reject");
+    }
+    errno = 0;
+    log_errno_release(by, seam->destroy_id(id), "rdma_destroy_id");
   }
 };
 using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
 
-/// Acknowledges a CM event (which releases it) when it goes out of scope.
+/// Acknowledges a CM event (which releases it) when it goes out of scope. A caller that
+/// lets an event go this way on its failure paths names itself in `by`.
 struct CmEventAcker : CapturedProvider {
-  void operator()(rdma_cm_event* e) const noexcept { (void)provider().ack_cm_event(e); }
+  Teardown by{"detail::CmEvent", LogLevel::warning};
+  void operator()(rdma_cm_event* e) const noexcept {
+    errno = 0;
+    log_errno_release(by, provider().ack_cm_event(e), "rdma_ack_cm_event");
+  }
 };
 using CmEvent = std::unique_ptr<rdma_cm_event, CmEventAcker>;
 
@@ -46,17 +123,26 @@ struct AddrInfoDeleter : CapturedProvider {
 using AddrInfo = std::unique_ptr<rdma_addrinfo, AddrInfoDeleter>;
 
 struct PdDeleter : CapturedProvider {
-  void operator()(ibv_pd* pd) const noexcept { (void)provider().dealloc_pd(pd); }
+  void operator()(ibv_pd* pd) const noexcept {
+    log_value_release(by, provider().dealloc_pd(pd), "ibv_dealloc_pd");
+  }
+  static constexpr Teardown by{"detail::ProtectionDomain", LogLevel::warning};
 };
 using ProtectionDomain = std::unique_ptr<ibv_pd, PdDeleter>;
 
 struct CompChannelDeleter : CapturedProvider {
-  void operator()(ibv_comp_channel* c) const noexcept { (void)provider().destroy_comp_channel(c); }
+  void operator()(ibv_comp_channel* c) const noexcept {
+    log_value_release(by, provider().destroy_comp_channel(c), "ibv_destroy_comp_channel");
+  }
+  static constexpr Teardown by{"detail::CompChannel", LogLevel::warning};
 };
 using CompChannel = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 
 struct CqDeleter : CapturedProvider {
-  void operator()(ibv_cq* cq) const noexcept { (void)provider().destroy_cq(cq); }
+  void operator()(ibv_cq* cq) const noexcept {
+    log_value_release(by, provider().destroy_cq(cq), "ibv_destroy_cq");
+  }
+  static constexpr Teardown by{"detail::CompletionQueue", LogLevel::warning};
 };
 using CompletionQueue = std::unique_ptr<ibv_cq, CqDeleter>;
 
@@ -67,12 +153,18 @@ struct QpDeleter : CapturedProvider {
 using QueuePairOf = std::unique_ptr<rdma_cm_id, QpDeleter>;
 
 struct MrDeleter : CapturedProvider {
-  void operator()(ibv_mr* mr) const noexcept { (void)provider().dereg_mr(mr); }
+  void operator()(ibv_mr* mr) const noexcept {
+    log_value_release(by, provider().dereg_mr(mr), "ibv_dereg_mr");
+  }
+  static constexpr Teardown by{"detail::MemoryRegion", LogLevel::warning};
 };
 using MemoryRegion = std::unique_ptr<ibv_mr, MrDeleter>;
 
 struct SrqDeleter : CapturedProvider {
-  void operator()(ibv_srq* srq) const noexcept { (void)provider().destroy_srq(srq); }
+  void operator()(ibv_srq* srq) const noexcept {
+    log_value_release(by, provider().destroy_srq(srq), "ibv_destroy_srq");
+  }
+  static constexpr Teardown by{"detail::SharedReceiveQueue", LogLevel::warning};
 };
 using SharedReceiveQueue = std::unique_ptr<ibv_srq, SrqDeleter>;
 

@@ -86,19 +86,25 @@ struct ListenerState {
   /// A shared listener's connection request handler (a ConnReqHandler), fixed when it is
   /// created: listen_shared callers must pass the same one (compared by pointer).
   std::shared_ptr<void> handler;
+  /// Who stops a listener no Endpoint stopped: the call starting it, on its failure paths.
+  Teardown teardown{"detail::ListenerState", LogLevel::warning};
 
   ListenerState() = default;
   ListenerState(const ListenerState&) = delete;
   ListenerState& operator=(const ListenerState&) = delete;
-  ~ListenerState() { (void)stop(); }
+  ~ListenerState() {
+    if (auto stopped = stop(teardown); !stopped) [[unlikely]]
+      log(teardown.level, teardown.where, stopped.error());
+  }
 
   /// Rejects and acknowledges the requests already queued on the channel, then destroys
   /// the listening id and the channel. Never blocks: the queue is drained with
   /// non-blocking reads (another handle's thread may take a request meanwhile).
-  /// Idempotent; reports the first failure.
-  expected<void> stop() noexcept {
+  /// Idempotent; reports the first failure (the later ones, each rejected request and
+  /// each other event dropped are logged under `by.where`).
+  expected<void> stop(Teardown by) noexcept {
     const Provider& p = *seam;
-    FirstError first;
+    FirstError first{by};
     if (id) {
       for (;;) {
         auto event = next_cm_event(channel.get(), Wait::none(), p);
@@ -106,10 +112,16 @@ struct ListenerState {
           if (event.error() != errc::no_event) first.note(event.error());
           break;
         }
-        rdma_cm_id* request = (*event)->event == RDMA_CM_EVENT_CONNECT_REQUEST ? (*event)->id : nullptr;
+        const rdma_cm_event_type type = (*event)->event;
+        rdma_cm_id* request = type == RDMA_CM_EVENT_CONNECT_REQUEST ? (*event)->id : nullptr;
         if (request != nullptr) {
+          log_event(LogLevel::info, by.where, type,
+                    "a pending request, rejected: the listener stops");
           errno = 0;
           first.errno_call(p.reject(request, nullptr, 0), "rdma_reject");
+        } else {
+          log_event(LogLevel::notice, by.where, type,
+                    "acknowledged and dropped: the listener stops");
         }
         if (auto acked = ack(*event); !acked) first.note(acked.error());
         if (request != nullptr) {
@@ -147,6 +159,7 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
 
   const Provider& p = provider();
   auto state = std::make_shared<ListenerState>();
+  state->teardown = {call, LogLevel::notice};  // until an Endpoint owns it
   errno = 0;
   state->channel.reset(p.create_event_channel());
   if (!state->channel) return fail(provider_error("rdma_create_event_channel", errno));
@@ -192,6 +205,8 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   errno = 0;
   if (p.listen(id, options.backlog) != 0) return fail(provider_error("rdma_listen", errno));
   state->port = port_of(rdma_get_local_addr(id));
+  // From here its Endpoint handles stop it (the last one, explicitly).
+  state->teardown = {"detail::ListenerState", LogLevel::warning};
   return state;
 }
 
@@ -281,8 +296,8 @@ inline expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, 
 /// key: a wildcard and a specific address on one port conflict in the kernel too. This
 /// holds other listen_shared calls for one teardown, which is bounded: the drain reads
 /// non-blocking, rdma_destroy_id waits only for the kernel's handlers of this id.
-inline expected<void> release_listener(std::shared_ptr<ListenerState> state) noexcept {
-  if (!state->shared) return state->stop();  // plain listeners: one handle, no registry
+inline expected<void> release_listener(std::shared_ptr<ListenerState> state, Teardown by) noexcept {
+  if (!state->shared) return state->stop(by);  // plain listeners: one handle, no registry
   auto& registry = listener_registry();
   std::lock_guard lock(registry.mutex);
   if (--state->handles > 0) return {};
@@ -290,7 +305,7 @@ inline expected<void> release_listener(std::shared_ptr<ListenerState> state) noe
   if (found != registry.listeners.end() && !found->second.owner_before(state) &&
       !state.owner_before(found->second))
     registry.listeners.erase(found);
-  return state->stop();
+  return state->stop(by);
 }
 
 /// How many Endpoint handles `state` has.
@@ -307,9 +322,11 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
                                                                 const ConnConfig& config,
                                                                 Wait wait) {
   auto core = std::make_unique<ConnectionCore>();
+  core->teardown = {call, LogLevel::notice};  // until a ConnReq owns it
   core->config = config;
   auto event = next_cm_event(listener.channel.get(), wait);
   if (!event) return fail(event.error());
+  event->get_deleter().by = {call, LogLevel::notice};  // acknowledged there on failure only
   // `event` is declared after `core`: on failure it is acknowledged before the request's
   // id is rejected and destroyed (rdma_destroy_id waits for its events' acknowledgement).
   const rdma_cm_event_type type = (*event)->event;
