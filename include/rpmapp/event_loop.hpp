@@ -531,6 +531,9 @@ class EventLoop {
         pending = std::move(w->pending);  // loses nothing
         return detail::fail(ok.error());
       }
+      // A failed step releases the request inside try_wait: its channel must leave the
+      // epoll set before it is destroyed.
+      detail::LoopAccess::core(w->pending)->watchers.attach(*w);
       return Registration(w.release());
     });
   }
@@ -678,6 +681,7 @@ class EventLoop {
       auto request = std::move(pending).try_wait();
       if (!request && request.error() == errc::no_event && pending) return;  // in progress
       loop->remove(*this);
+      if (link != nullptr) link->detach(*this);  // the ConnReq's now
       auto keep = std::move(handler);
       keep(std::move(request));
     }
