@@ -119,8 +119,15 @@ class ResolveAwaiter final : public Awaiter<ResolveAwaiter, expected<ConnReq>> {
 
   bool attempt() noexcept {
     if (!pending_) return finish(invalid(call(), "the request is empty (moved from or consumed)"));
+    // A failed step releases the request's channel inside try_wait: out of epoll first.
+    const bool watching = slot != no_slot;
+    if (watching) core()->unwatch(*this);
     auto request = std::move(pending_).try_wait();
-    if (!request && request.error() == errc::no_event && pending_) return false;
+    if (!request && request.error() == errc::no_event && pending_) {
+      if (watching)
+        if (auto ok = watch(); !ok) return finish(ok.error());
+      return false;
+    }
     result_.emplace(std::move(request));
     return true;
   }
@@ -160,21 +167,24 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
       stage_ = Stage::resolving;
     }
     if (stage_ == Stage::resolving) {
+      // A failed step releases the request's channel inside try_wait: out of epoll first.
+      const bool watching = slot != no_slot;
+      if (watching) core()->unwatch(*this);
       auto request = std::move(*pending_).try_wait();
-      if (!request && request.error() == errc::no_event && *pending_) return false;
+      if (!request && request.error() == errc::no_event && *pending_) {
+        if (watching)
+          if (auto ok = watch(); !ok) return finish(ok.error());
+        return false;
+      }
       pending_.reset();
       if (!request) return finish(request.error());
       auto conn = std::move(*request).connect(std::span<const std::byte>(data_.data(), data_size_));
       if (!conn) return finish(conn.error());
       conn_.emplace(std::move(*conn));
       stage_ = Stage::establishing;
-      if (slot != no_slot) {  // waiting on the request's channel: move to the connection's
-        const bool had_deadline = timed;
-        const auto when = deadline;
-        core()->remove(*this);
+      // Waiting (not in await_ready): now on the connection's channel.
+      if (watching)
         if (auto ok = watch(); !ok) return finish(ok.error());
-        if (had_deadline) core()->set_deadline(*this, when);
-      }
     }
     auto event = next_conn_event(call(), *LoopAccess::core(*conn_), Deadline(Wait::none()));
     if (!event && event.error() == errc::no_event) return false;

@@ -171,6 +171,14 @@ class LoopCore {
 
   /// Takes `w` out of the epoll set, its deadline and the posted work.
   void remove(Waiter& w) noexcept {
+    unwatch(w);
+    clear_deadline(w);
+    unpost(w);
+  }
+
+  /// Takes `w` out of the epoll set only (its deadline stays): before a call that may
+  /// destroy the fd it waits on.
+  void unwatch(Waiter& w) noexcept {
     if (w.slot != Waiter::no_slot) {
       errno = 0;
       if (seam->epoll_ctl(epfd, EPOLL_CTL_DEL, w.fd, nullptr) != 0)
@@ -182,8 +190,6 @@ class LoopCore {
       w.slot = Waiter::no_slot;
       w.fd = -1;
     }
-    clear_deadline(w);
-    unpost(w);
   }
 
   void set_deadline(Waiter& w, Waiter::clock::time_point when) noexcept {
