@@ -5,10 +5,19 @@
 //        PendingConnReq and Conn fds in epoll; raw librdmacm async ids on one event
 //        channel; librpma with its blocking rpma_conn_req_new (resolution) and its conn
 //        fds in epoll (the baseline).
+// Benchmark 7 compares servers (servers.hpp, server_names) with one client, the raw
+// librdmacm one of conc:
+//   serve max(K, 2C) connections, C in flight, to each server in turn (interleaved): the
+//         hand-written raw librdmacm server, rpmapp in a hand-written epoll loop, rpmapp's
+//         EventLoop with handlers (and later coroutines).
 // Usage: bench_connect seq  [reps] [K]
 //        bench_connect conc [reps] [K] [C...]
+//        bench_connect serve [reps] [K] [C...]
 //        bench_connect one VARIANT K   K sequential connections with one implementation
 //                                        only, untimed (for counting its system calls)
+//        bench_connect serve-one SERVER K   K sequential raw connections to one server of
+//                                        server_names, untimed (system calls, as `one`)
+//        bench_connect serve-names       prints server_names, one a line
 // Prints R lines (common.hpp): connections per second, measured from the first connect
 // until the client saw every connection closed and the server released all of them.
 #include "anchors.hpp"
@@ -25,9 +34,11 @@ const char* ip = nullptr;
 constexpr const char* rpmapp_port = "7471";
 constexpr const char* librpma_port = "7472";
 constexpr const char* raw_port = "7473";
+/// serve: server_names[i] listens on serve_port_base + i.
+constexpr int serve_port_base = 7474;
 
 /// Waits until `server` has released `target` connections.
-void await_server(const ServerBase& server, long target) {
+void await_server(const Server& server, long target) {
   while (server.closed() < target) std::this_thread::yield();
 }
 
@@ -77,8 +88,8 @@ rdma_addrinfo* raw_resolve_info(const char* port) {
 }
 
 /// Raw blocking client: one event channel (created once) for every connection.
-void seq_raw(rdma_event_channel* ch, ibv_pd* pd) {
-  rdma_addrinfo* ai = raw_resolve_info(raw_port);
+void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
+  rdma_addrinfo* ai = raw_resolve_info(port);
   rdma_cm_id* id = nullptr;
   check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
   check(rdma_resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000), "rdma_resolve_addr");
@@ -219,12 +230,12 @@ void conc_librpma(rpma_peer* peer, int total, int inflight) {
 }
 
 /// Raw librdmacm: every id on one non-blocking event channel; the id's context is its slot.
-void conc_raw(ibv_pd* pd, int total, int inflight) {
+void conc_raw(ibv_pd* pd, int total, int inflight, const char* port = raw_port) {
   rdma_event_channel* ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
   set_nonblocking(ch->fd);
   int started = 0, done = 0;
   auto launch = [&] {
-    rdma_addrinfo* ai = raw_resolve_info(raw_port);  // per connection, as rpmapp and librpma
+    rdma_addrinfo* ai = raw_resolve_info(port);  // per connection, as rpmapp and librpma
     rdma_cm_id* id = nullptr;
     check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
     check(rdma_resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000), "rdma_resolve_addr");
@@ -283,13 +294,17 @@ void conc_raw(ibv_pd* pd, int total, int inflight) {
 int main(int argc, char** argv) {
   using namespace bench;
   const std::string mode = argc > 1 ? argv[1] : "seq";
+  if (mode == "serve-names") {  // for bench/vm-run
+    for (const char* name : server_names) std::printf("%s\n", name);
+    return 0;
+  }
   const int reps = argc > 2 ? std::atoi(argv[2]) : 7;
   const int total = argc > 3 ? std::atoi(argv[3]) : 20;
   std::vector<int> inflights;
   for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
   if (inflights.empty()) inflights = {1, 4, 16, 64};
-  if (mode != "seq" && mode != "conc" && mode != "one")
-    die("usage", "bench_connect seq|conc [reps] [K] [C...] | one VARIANT K");
+  if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one")
+    die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K | serve-one SERVER K");
   auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
   ip = anchor_ip;
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
@@ -298,7 +313,7 @@ int main(int argc, char** argv) {
   if (mode == "one") {  // argv: one VARIANT K
     const std::string v = argc > 2 ? argv[2] : "";
     const int k = argc > 3 ? std::atoi(argv[3]) : 10;
-    std::unique_ptr<ServerBase> server;
+    std::unique_ptr<Server> server;
     if (v == "rpmapp") server = std::make_unique<RpmappServer>(peer, ip, rpmapp_port);
     else if (v == "librpma") server = std::make_unique<LibrpmaServer>(rpeer, ip, librpma_port);
     else if (v == "raw") server = std::make_unique<RawServer>(ip, raw_port);
@@ -318,15 +333,13 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  auto s_rpmapp = std::make_unique<RpmappServer>(peer, ip, rpmapp_port);
-  auto s_librpma = std::make_unique<LibrpmaServer>(rpeer, ip, librpma_port);
-  auto s_raw = std::make_unique<RawServer>(ip, raw_port);
-  s_rpmapp->start();
-  s_librpma->start();
-  s_raw->start();
-
+  auto finish = [&] {
+    rdma_destroy_event_channel(raw_ch);
+    ibv_dealloc_pd(pd);
+    check(rpma_peer_delete(&rpeer), "rpma_peer_delete");
+  };
   // One rep: `work` makes `n` connections; timed until the server released them all.
-  auto rate = [](ServerBase& server, int n, auto work) {
+  auto rate = [](Server& server, int n, auto work) {
     return [&server, n, work]() {
       const long target = server.closed() + n;
       const double t0 = now_s();
@@ -335,6 +348,46 @@ int main(int argc, char** argv) {
       return n / (now_s() - t0);
     };
   };
+
+  if (mode == "serve" || mode == "serve-one") {
+    std::vector<std::unique_ptr<Server>> servers;
+    std::vector<std::string> ports;
+    for (std::size_t i = 0; i < server_names.size(); ++i) {
+      ports.push_back(std::to_string(serve_port_base + static_cast<int>(i)));
+      servers.push_back(make_server(server_names[i], peer, ip, ports.back().c_str()));
+      servers.back()->start();
+    }
+    if (mode == "serve-one") {  // argv: serve-one SERVER K
+      const std::string name = argc > 2 ? argv[2] : "";
+      const int k = argc > 3 ? std::atoi(argv[3]) : 10;
+      std::size_t i = 0;
+      while (i < server_names.size() && name != server_names[i]) ++i;
+      if (i == server_names.size()) die("server", name);
+      for (int n = 0; n < k; ++n) seq_raw(raw_ch, pd, ports[i].c_str());
+      await_server(*servers[i], k);
+    } else {
+      for (int c : inflights) {
+        const int n = std::max(total, 2 * c);
+        std::vector<std::pair<std::string, std::function<double()>>> run;
+        for (std::size_t i = 0; i < servers.size(); ++i) {
+          const char* port = ports[i].c_str();
+          run.emplace_back(server_names[i], rate(*servers[i], n, [pd, c, port](int k) { conc_raw(pd, k, c, port); }));
+        }
+        interleave_named("serve", "C=" + std::to_string(c), "conn/s", reps, run);
+      }
+    }
+    for (auto& s : servers) s->stop();
+    servers.clear();
+    finish();
+    return 0;
+  }
+
+  auto s_rpmapp = std::make_unique<RpmappServer>(peer, ip, rpmapp_port);
+  auto s_librpma = std::make_unique<LibrpmaServer>(rpeer, ip, librpma_port);
+  auto s_raw = std::make_unique<RawServer>(ip, raw_port);
+  s_rpmapp->start();
+  s_librpma->start();
+  s_raw->start();
 
   if (mode == "seq") {
     interleave("seq", "K=" + std::to_string(total), "conn/s", reps,
@@ -357,8 +410,6 @@ int main(int argc, char** argv) {
   s_rpmapp.reset();
   s_librpma.reset();
   s_raw.reset();
-  rdma_destroy_event_channel(raw_ch);
-  ibv_dealloc_pd(pd);
-  check(rpma_peer_delete(&rpeer), "rpma_peer_delete");
+  finish();
   return 0;
 }

@@ -19,6 +19,8 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace bench {
 
@@ -93,22 +95,31 @@ inline constexpr std::array<const char*, 3> variants = {"rpmapp", "librpma", "ra
 /// The data-path benchmark's third implementation: verbs written by hand.
 inline constexpr std::array<const char*, 3> data_variants = {"rpmapp", "librpma", "hand"};
 
-/// Runs one warm-up round (not reported), then `reps` rounds; in round i the variants
-/// run in the order i, i+1, i+2 (mod 3), back to back. Each function returns the value
-/// of one repetition (e.g. ns per cycle) and is printed as an R line.
-inline void interleave(const char* bench, const std::string& param, const char* metric, int reps,
-                       const std::array<std::function<double()>, 3>& run,
-                       const std::array<const char*, 3>& names = variants) {
-  for (auto& f : run) (void)f();
+/// Runs one warm-up round (not reported), then `reps` rounds; in round i the N variants
+/// run in the order i, i+1, ..., i+N-1 (mod N), back to back. Each function returns the
+/// value of one repetition (e.g. ns per cycle) and is printed as an R line with its name.
+inline void interleave_named(const char* bench, const std::string& param, const char* metric, int reps,
+                             const std::vector<std::pair<std::string, std::function<double()>>>& run) {
+  for (auto& [name, f] : run) (void)f();
+  const int n = static_cast<int>(run.size());
   for (int rep = 0; rep < reps; ++rep) {
-    for (int k = 0; k < 3; ++k) {
-      const int v = (rep + k) % 3;
-      const double value = run[v]();
-      std::printf("R\t%s\t%s\t%s\t%s\t%d\t%.6g\n", bench, param.c_str(), metric, names[v], rep,
+    for (int k = 0; k < n; ++k) {
+      const auto& [name, f] = run[static_cast<std::size_t>((rep + k) % n)];
+      const double value = f();
+      std::printf("R\t%s\t%s\t%s\t%s\t%d\t%.6g\n", bench, param.c_str(), metric, name.c_str(), rep,
                   value);
       std::fflush(stdout);
     }
   }
+}
+
+/// interleave_named for the three implementations (rpmapp, librpma, raw or hand).
+inline void interleave(const char* bench, const std::string& param, const char* metric, int reps,
+                       const std::array<std::function<double()>, 3>& run,
+                       const std::array<const char*, 3>& names = variants) {
+  std::vector<std::pair<std::string, std::function<double()>>> named;
+  for (std::size_t i = 0; i < run.size(); ++i) named.emplace_back(names[i], run[i]);
+  interleave_named(bench, param, metric, reps, named);
 }
 
 }  // namespace bench

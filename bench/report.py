@@ -42,19 +42,68 @@ def read(files):
     return groups, meta, syscalls
 
 
-def syscall_table(syscalls):
+def syscall_table(syscalls, vs=("rpmapp", "librpma", "raw"), labels=("rpmapp", "librpma", "raw librdmacm")):
     """System calls per connection (client + server) per implementation, from strace -c."""
-    if not syscalls:
+    if not any(v in c for c in syscalls.values() for v in vs):
         return ""
-    vs = ("rpmapp", "librpma", "raw")
     total = {v: sum(c.get(v, 0) for c in syscalls.values()) for v in vs}
     names = [n for n, c in syscalls.items() if max(c.get(v, 0) for v in vs) >= 0.5]
     names.sort(key=lambda n: -max(syscalls[n].get(v, 0) for v in vs))
-    lines = ["| system call | rpmapp | librpma | raw librdmacm |", "|---|---|---|---|"]
+    lines = ["| system call | " + " | ".join(labels) + " |", "|---" * (len(vs) + 1) + "|"]
     for n in names:
         lines.append(f"| {n} | " + " | ".join(f"{syscalls[n].get(v, 0):.1f}" for v in vs) + " |")
     lines.append("| **all** | " + " | ".join(f"**{total[v]:.0f}**" for v in vs) + " |")
     return "\n".join(lines)
+
+
+def serve_names(syscalls, groups):
+    """The servers of benchmark 7 in the order the program ran them (raw first)."""
+    names = []
+    for key, g in groups.items():
+        if key[0] == "serve":
+            names += [v for v in g if v not in names]
+    for c in syscalls.values():
+        names += [v[len("serve:"):] for v in c if v.startswith("serve:") and v[len("serve:"):] not in names]
+    return names
+
+
+def serve_table(groups):
+    """Benchmark 7: one row per (C, server); ratios to the first server (raw, hand-written)
+    and to the second (rpmapp in a hand-written epoll loop), paired by repetition."""
+    keys = [k for k in groups if k[0] == "serve"]
+    if not keys:
+        return ""
+    lines = ["| in flight | server | conn/s ↑ | ratio to raw (hand-written) | ratio to rpmapp-epoll |",
+             "|---|---|---|---|---|"]
+    for key in keys:
+        g = groups[key]
+        names = list(g)
+        ref, loop_ref = names[0], names[1] if len(names) > 1 else None
+        for v in names:
+            med, spread = summary(g[v])
+            cells = [key[1], v, fmt_value(med) + (f" ±{spread / 2:.0f}%" if len(g[v]) > 1 else "")]
+            for anchor in (ref, loop_ref):
+                if anchor is None or v == anchor or names.index(v) < names.index(anchor):
+                    cells.append("—")
+                    continue
+                r = paired(g[v], g[anchor])
+                if r is None:
+                    cells.append("—")
+                    continue
+                med_r, lo, hi = r
+                cells.append(f"{med_r:.2f} [{lo:.2f}–{hi:.2f}] {verdict(r, True)}".strip())
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+SERVE_LEGEND = """Benchmark 7 (`bench_connect serve`): the same client (raw librdmacm, as in row 3,
+max(K, 2C) connections with C in flight) against each server of `bench/servers.hpp` in
+turn, interleaved in one process with the order rotating each repetition: `raw` is the
+hand-written async librdmacm server (one event channel for the listener and every
+connection, no migration), `rpmapp-epoll` rpmapp's `Endpoint` and `Conn`s in a
+hand-written epoll loop (row 3's rpmapp server), `callback` rpmapp's `EventLoop` with
+`serve` and `watch` handlers on one thread. Ratios are paired by repetition, median
+[min–max]; the issue's target for the loop's servers is 0.95 of `raw`."""
 
 
 def fmt_value(v):
@@ -202,6 +251,13 @@ def main():
     sys_md = syscall_table(syscalls)
     if sys_md:
         print("\nsystem calls per connection (client + server, sequential, strace -c):\n" + sys_md)
+    servers = serve_names(syscalls, groups)
+    serve_md = serve_table(groups)
+    if serve_md:
+        print("\n7. servers, one client (conc's raw client):\n" + serve_md)
+    serve_sys_md = syscall_table(syscalls, tuple("serve:" + n for n in servers), tuple(servers))
+    if serve_sys_md:
+        print("\nsystem calls per connection, servers (raw client + server, sequential):\n" + serve_sys_md)
     slow = slower_list(table)
     print("\nwhere rpmapp is slower:" if slow else "\nrpmapp is nowhere slower than 3%.")
     for s in slow:
@@ -232,6 +288,14 @@ def main():
         f.write("## Results\n\n" + md + "\n\n" + LEGEND + "\n\n")
         if sys_md:
             f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
+        if serve_md:
+            f.write("## Servers: the event loop against hand-written ones\n\n" + SERVE_LEGEND + "\n\n"
+                    + serve_md + "\n\n")
+        if serve_sys_md:
+            f.write("System calls per connection, client + server, as above but with the raw client "
+                    "for every server (`bench_connect serve-one SERVER K`); the client's calls are "
+                    "the same in every column, so the differences are the servers'.\n\n"
+                    + serve_sys_md + "\n\n")
         f.write("## Where rpmapp is slower in this run\n\n")
         f.write("\n".join(slow) + "\n\n" if slow else "Nowhere by more than 3%.\n\n")
         f.write(notes)

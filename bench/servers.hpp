@@ -1,10 +1,14 @@
-// The accepting side of the connection benchmarks, once per implementation. Each server
-// runs an epoll loop in its own thread: it accepts every request (a CQ and a QP per
-// connection, sizes as ConnConfig's defaults), waits for the client's disconnect and
-// releases the connection. closed() counts connections released.
+// The accepting side of the connection benchmarks. Each server runs in its own thread: it
+// accepts every request (a CQ and a QP per connection, sizes as ConnConfig's defaults),
+// waits for the client's disconnect and releases the connection. closed() counts
+// connections released. One per implementation (rpmapp, librpma, raw librdmacm), and, for
+// the server comparison (bench_connect serve), rpmapp's EventLoop servers: see
+// make_server() at the end.
 #pragma once
 
 #include "common.hpp"
+
+#include <rpmapp/event_loop.hpp>
 
 #include <librpma.h>
 #include <rdma/rdma_cma.h>
@@ -13,27 +17,43 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <list>
+#include <memory>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
 namespace bench {
 
+/// A server under test: listening once constructed, serving in its own thread between
+/// start() and stop().
+class Server {
+ public:
+  virtual ~Server() = default;
+  long closed() const { return closed_.load(std::memory_order_acquire); }
+  virtual void start() = 0;
+  /// Returns when the server thread has ended (connections still open stay open).
+  virtual void stop() = 0;
+
+ protected:
+  std::atomic<long> closed_{0};
+};
+
 /// The epoll loop and the stop signal; Derived::on_ready(epoll_event) handles readiness.
-class ServerBase {
+class ServerBase : public Server {
  public:
   ServerBase() : epfd_(epoll_create1(0)), stopfd_(eventfd(0, EFD_NONBLOCK)) {
     if (epfd_ < 0 || stopfd_ < 0) die("epoll/eventfd", std::strerror(errno));
     add(stopfd_, 0);
   }
-  virtual ~ServerBase() {
+  ~ServerBase() override {
     ::close(epfd_);
     ::close(stopfd_);
   }
-  long closed() const { return closed_.load(std::memory_order_acquire); }
-  void start() {
+  void start() override {
     thread_ = std::thread([this] { loop(); });
   }
-  void stop() {
+  void stop() override {
     std::uint64_t one = 1;
     if (write(stopfd_, &one, sizeof one) != sizeof one) die("eventfd write", std::strerror(errno));
     thread_.join();
@@ -50,7 +70,6 @@ class ServerBase {
     if (epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr) != 0) die("epoll_ctl del", std::strerror(errno));
   }
   virtual void on_ready(std::uint64_t key) = 0;
-  std::atomic<long> closed_{0};
 
  private:
   void loop() {
@@ -217,5 +236,79 @@ class RawServer : public ServerBase {
   rdma_cm_id* listen_id_ = nullptr;
   ibv_pd* pd_ = nullptr;
 };
+
+/// rpmapp's EventLoop on the server thread, with handlers: EventLoop::serve accepts each
+/// request, EventLoop::watch on each Conn releases it when it is closed. The loop runs
+/// until stop() (EventLoop::stop is the one call made from another thread).
+class CallbackServer : public Server {
+ public:
+  CallbackServer(const rpmapp::Peer& peer, const char* ip, const char* port)
+      : loop_(must(rpmapp::EventLoop::create(), "EventLoop::create")),
+        ep_(must(rpmapp::Endpoint::listen(peer, ip, port), "Endpoint::listen")) {
+    serving_ = must(loop_.serve(ep_, [this](rpmapp::expected<rpmapp::ConnReq> req) { on_request(std::move(req)); }),
+                    "EventLoop::serve");
+  }
+  ~CallbackServer() override {
+    conns_.clear();
+    serving_.reset();
+    (void)std::move(ep_).shutdown();
+  }
+  void start() override {
+    thread_ = std::thread([this] { must(loop_.run(), "EventLoop::run"); });
+  }
+  void stop() override {
+    loop_.stop();
+    thread_.join();
+  }
+
+ private:
+  struct Served {
+    rpmapp::Conn conn;
+    rpmapp::Registration watching;
+  };
+  using Slot = std::list<Served>::iterator;
+
+  void on_request(rpmapp::expected<rpmapp::ConnReq> req) {
+    auto conn = must(must(std::move(req), "EventLoop::serve handler").connect(), "ConnReq::connect");
+    Slot at = conns_.insert(conns_.end(), Served{std::move(conn), {}});
+    at->watching = must(loop_.watch(at->conn, [this, at](rpmapp::expected<rpmapp::ConnEvent> ev) { on_event(at, std::move(ev)); }),
+                        "EventLoop::watch");
+  }
+  void on_event(Slot at, rpmapp::expected<rpmapp::ConnEvent> ev) {
+    if (must(std::move(ev), "EventLoop::watch handler") != rpmapp::ConnEvent::closed) return;
+    at->watching.reset();  // inside its own handler: not called again
+    must(std::move(at->conn).close(), "Conn::close");
+    conns_.erase(at);
+    closed_.fetch_add(1, std::memory_order_release);
+  }
+
+  rpmapp::EventLoop loop_;
+  rpmapp::Endpoint ep_;
+  rpmapp::Registration serving_;
+  std::list<Served> conns_;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------- servers by name
+
+/// The servers `bench_connect serve` compares with the same client, in this order; the
+/// first is the reference the others' ratios are taken against.
+///   raw           RawServer: hand-written async librdmacm (one channel, no migration)
+///   rpmapp-epoll  RpmappServer: rpmapp's Endpoint and Conns in a hand-written epoll loop
+///   callback      CallbackServer: rpmapp's EventLoop with handlers
+/// The coroutine server (task.hpp: a Task per connection on an EventLoop, co_await
+/// next_conn_req / next_event) goes in as "coroutine": a class here, a name in this list
+/// and a case in make_server().
+inline constexpr std::array<const char*, 3> server_names = {"raw", "rpmapp-epoll", "callback"};
+
+/// The server called `name` (see server_names), listening on ip:port; nullptr for an
+/// unknown name.
+inline std::unique_ptr<Server> make_server(std::string_view name, const rpmapp::Peer& peer, const char* ip,
+                                           const char* port) {
+  if (name == "raw") return std::make_unique<RawServer>(ip, port);
+  if (name == "rpmapp-epoll") return std::make_unique<RpmappServer>(peer, ip, port);
+  if (name == "callback") return std::make_unique<CallbackServer>(peer, ip, port);
+  return nullptr;
+}
 
 }  // namespace bench
