@@ -102,7 +102,9 @@ turn, interleaved in one process with the order rotating each repetition: `raw` 
 hand-written async librdmacm server (one event channel for the listener and every
 connection, no migration), `rpmapp-epoll` rpmapp's `Endpoint` and `Conn`s in a
 hand-written epoll loop (row 3's rpmapp server), `callback` rpmapp's `EventLoop` with
-`serve` and `watch` handlers on one thread. Ratios are paired by repetition, median
+`serve` and `watch` handlers on one thread, `coroutine` the same loop with a `Task` that
+co_awaits `next_conn_req` and spawns a `Task` per connection that co_awaits `next_event`.
+Ratios are paired by repetition, median
 [min–max]; the issue's target for the loop's servers is 0.95 of `raw`."""
 
 

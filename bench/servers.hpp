@@ -2,13 +2,14 @@
 // accepts every request (a CQ and a QP per connection, sizes as ConnConfig's defaults),
 // waits for the client's disconnect and releases the connection. closed() counts
 // connections released. One per implementation (rpmapp, librpma, raw librdmacm), and, for
-// the server comparison (bench_connect serve), rpmapp's EventLoop servers: see
-// make_server() at the end.
+// the server comparison (bench_connect serve), rpmapp's EventLoop servers (handlers,
+// coroutines): see make_server() at the end.
 #pragma once
 
 #include "common.hpp"
 
 #include <rpmapp/event_loop.hpp>
+#include <rpmapp/task.hpp>
 
 #include <librpma.h>
 #include <rdma/rdma_cma.h>
@@ -289,6 +290,56 @@ class CallbackServer : public Server {
   std::thread thread_;
 };
 
+/// rpmapp's EventLoop on the server thread, with coroutines (task.hpp): one Task
+/// co_awaits next_conn_req and spawns a Task per connection, which co_awaits next_event
+/// until closed and releases the Conn. stop() stops the loop, which resumes every
+/// suspended coroutine with no_event: they return.
+class CoroutineServer : public Server {
+ public:
+  CoroutineServer(const rpmapp::Peer& peer, const char* ip, const char* port)
+      : loop_(must(rpmapp::EventLoop::create(), "EventLoop::create")),
+        ep_(must(rpmapp::Endpoint::listen(peer, ip, port), "Endpoint::listen")) {}
+  ~CoroutineServer() override { (void)std::move(ep_).shutdown(); }
+  void start() override {
+    thread_ = std::thread([this] {
+      must(rpmapp::spawn(loop_, accept_all()), "spawn");
+      must(loop_.run(), "EventLoop::run");
+    });
+  }
+  void stop() override {
+    loop_.stop();
+    thread_.join();
+  }
+
+ private:
+  /// True for the error stop() resumes an await with (no timeout is ever given).
+  static bool stopped(const rpmapp::Error& e) { return e.code() == rpmapp::errc::no_event; }
+
+  rpmapp::Task<void> accept_all() {
+    for (;;) {
+      auto req = co_await loop_.next_conn_req(ep_);
+      if (!req && stopped(req.error())) co_return;
+      auto conn = must(must(std::move(req), "EventLoop::next_conn_req").connect(), "ConnReq::connect");
+      must(rpmapp::spawn(loop_, serve(std::move(conn))), "spawn");
+    }
+  }
+  rpmapp::Task<void> serve(rpmapp::Conn conn) {
+    for (;;) {
+      auto ev = co_await loop_.next_event(conn);
+      if (!ev && stopped(ev.error())) co_return;
+      if (must(std::move(ev), "EventLoop::next_event") == rpmapp::ConnEvent::closed) {
+        must(std::move(conn).close(), "Conn::close");
+        closed_.fetch_add(1, std::memory_order_release);
+        co_return;
+      }
+    }
+  }
+
+  rpmapp::EventLoop loop_;
+  rpmapp::Endpoint ep_;
+  std::thread thread_;
+};
+
 // ---------------------------------------------------------------- servers by name
 
 /// The servers `bench_connect serve` compares with the same client, in this order; the
@@ -296,10 +347,9 @@ class CallbackServer : public Server {
 ///   raw           RawServer: hand-written async librdmacm (one channel, no migration)
 ///   rpmapp-epoll  RpmappServer: rpmapp's Endpoint and Conns in a hand-written epoll loop
 ///   callback      CallbackServer: rpmapp's EventLoop with handlers
-/// The coroutine server (task.hpp: a Task per connection on an EventLoop, co_await
-/// next_conn_req / next_event) goes in as "coroutine": a class here, a name in this list
-/// and a case in make_server().
-inline constexpr std::array<const char*, 3> server_names = {"raw", "rpmapp-epoll", "callback"};
+///   coroutine     CoroutineServer: rpmapp's EventLoop with a coroutine per connection
+/// Another server goes in as a class above, a name here and a case in make_server().
+inline constexpr std::array<const char*, 4> server_names = {"raw", "rpmapp-epoll", "callback", "coroutine"};
 
 /// The server called `name` (see server_names), listening on ip:port; nullptr for an
 /// unknown name.
@@ -308,6 +358,7 @@ inline std::unique_ptr<Server> make_server(std::string_view name, const rpmapp::
   if (name == "raw") return std::make_unique<RawServer>(ip, port);
   if (name == "rpmapp-epoll") return std::make_unique<RpmappServer>(peer, ip, port);
   if (name == "callback") return std::make_unique<CallbackServer>(peer, ip, port);
+  if (name == "coroutine") return std::make_unique<CoroutineServer>(peer, ip, port);
   return nullptr;
 }
 
