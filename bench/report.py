@@ -105,7 +105,7 @@ hand-written epoll loop (row 3's rpmapp server), `callback` rpmapp's `EventLoop`
 `serve` and `watch` handlers on one thread, `coroutine` the same loop with a `Task` that
 co_awaits `next_conn_req` and spawns a `Task` per connection that co_awaits `next_event`.
 Ratios are paired by repetition, median
-[min–max]; the issue's target for the loop's servers is 0.95 of `raw`."""
+[min–max]; the target for the loop's servers is 0.95 of `raw`."""
 
 
 def fmt_value(v):
