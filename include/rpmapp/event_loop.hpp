@@ -116,6 +116,8 @@ class ResolveAwaiter final : public Awaiter<ResolveAwaiter, expected<ConnReq>> {
  public:
   ResolveAwaiter(LoopCore* core, PendingConnReq&& pending, std::chrono::milliseconds timeout) noexcept
       : Awaiter(core, "EventLoop::resolve", timeout), pending_(std::move(pending)) {}
+  // Out of the epoll set before pending_ closes the fd it waits on.
+  ~ResolveAwaiter() { detach(); }
 
   bool attempt() noexcept {
     if (!pending_) return finish(invalid(call(), "the request is empty (moved from or consumed)"));
@@ -155,6 +157,9 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
       data_size_ = private_data.size();
     }
   }
+
+  // Out of the epoll set before the request or connection it owns closes the fd.
+  ~ConnectAwaiter() { detach(); }
 
   bool attempt() noexcept {
     if (stage_ == Stage::start) {
