@@ -143,8 +143,9 @@ inline Task<void> TaskPromise<void>::get_return_object() noexcept {
 /// Thread safety: on the loop's thread.
 inline expected<void> spawn(EventLoop& loop, Task<void> task) noexcept {
   if (!loop) return detail::fail(detail::moved_from("spawn"));
-  if (!task.handle_ || task.handle_.done())
-    return detail::fail(detail::invalid("spawn", "the task is empty or finished"));
+  // A task awaited by another coroutine (started) is that coroutine's to resume.
+  if (!task.handle_ || task.handle_.done() || task.handle_.promise().continuation)
+    return detail::fail(detail::invalid("spawn", "the task is empty, already started or finished"));
   auto handle = std::exchange(task.handle_, nullptr);
   auto& promise = handle.promise();
   detail::LoopCore* core = loop.core();
@@ -158,12 +159,15 @@ inline expected<void> spawn(EventLoop& loop, Task<void> task) noexcept {
 /// Runs `loop` until `task` finishes, and returns its result. The loop's other handlers
 /// and coroutines run meanwhile. An exception escaping the task is rethrown here.
 /// Errors: the loop's (as run(): provider epoll_wait; unknown: a handler or spawned
-/// coroutine threw; the task is destroyed then); inval (empty loop or task, or called from
-/// a handler). When `T` is itself an expected, the two levels are returned as they are.
+/// coroutine threw; the task is destroyed then); inval (empty loop or task, a task another
+/// coroutine is awaiting, or called from a handler or coroutine of the loop). When `T` is
+/// itself an expected, the two levels are returned as they are.
 /// Thread safety: on the loop's thread.
 template <class T> expected<T> block_on(EventLoop& loop, Task<T> task) noexcept(false) {
   if (!loop) return detail::fail(detail::moved_from("block_on"));
   if (!task.handle_) return detail::fail(detail::invalid("block_on", "the task is empty"));
+  if (!task.handle_.done() && task.handle_.promise().continuation)
+    return detail::fail(detail::invalid("block_on", "the task is already started by another coroutine"));
   if (loop.core()->dispatch_depth > 0)
     return detail::fail(detail::invalid("block_on", "called from a handler or coroutine of this loop"));
   bool finished = task.handle_.done();
