@@ -372,7 +372,9 @@ class LoopCore {
       if (posted_head == nullptr) posted_tail = nullptr;
       w->posted = false;
       w->post_next = nullptr;
+      ++dispatch_depth;  // a coroutine resumed here is inside the loop too (no nested run)
       w->run_posted();
+      --dispatch_depth;
       ++ran;
     }
     return ran;
