@@ -1,0 +1,1139 @@
+// Coroutines on the event loop (fake provider): Task, spawn and block_on (task.hpp), and
+// EventLoop's awaitables next_conn_req, next_event, resolve, connect, completions and
+// sleep_for: each completes with its result whether it was there before the co_await or
+// came later; each is cancelled by each cause (timeout, stop() from the loop's thread and
+// from another, the awaited object destroyed, the loop destroyed), resumed exactly once.
+#include "data_util.hpp"
+
+#include <rpmapp/event_loop.hpp>
+#include <rpmapp/log.hpp>
+#include <rpmapp/task.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <coroutine>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace test;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ms = std::chrono::milliseconds;
+
+// A bound for waits that should end long before it: a hang fails instead of blocking.
+constexpr auto generous = 3000ms;
+
+EventLoop make_loop() {
+  auto loop = EventLoop::create();
+  INFO((loop ? std::string() : loop.error().message()));
+  REQUIRE(loop);
+  return std::move(*loop);
+}
+
+std::span<const std::byte> bytes_of(std::string_view s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+std::string text_of(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// Runs `loop` until `done()` or `bound` passed; whether done() became true.
+template <class Done> bool run_until(EventLoop& loop, Done done, ms bound = generous) {
+  const auto end = Clock::now() + bound;
+  while (!done() && Clock::now() < end) {
+    auto ran = loop.run_once(5ms);
+    INFO((ran ? std::string() : ran.error().message()));
+    REQUIRE(ran);
+  }
+  return done();
+}
+
+/// A few turns of the loop that must find nothing more to resume.
+void settle(EventLoop& loop) {
+  for (int i = 0; i < 5; ++i) REQUIRE(loop.run_once(1ms));
+}
+
+/// Counts destroyed coroutine frames (a by-value parameter lives in the frame).
+struct FrameMark {
+  int* destroyed = nullptr;
+  explicit FrameMark(int* d) : destroyed(d) {}
+  FrameMark(FrameMark&& o) noexcept : destroyed(std::exchange(o.destroyed, nullptr)) {}
+  ~FrameMark() {
+    if (destroyed != nullptr) ++*destroyed;
+  }
+};
+
+template <class Make>
+using AwaitResult = decltype(std::declval<std::invoke_result_t<Make&>>().await_resume());
+
+/// What one awaiting coroutine saw.
+template <class R> struct Outcome {
+  int started = 0;
+  int resumed = 0;  // incremented after the co_await: more than 1 is a double resumption
+  std::optional<R> result;
+  Clock::time_point at{};
+  bool suspended() const { return started == 1 && resumed == 0; }
+};
+
+/// Awaits `make()` once and records the outcome.
+template <class Make, class R = AwaitResult<Make>>
+Task<void> await_once(Make make, Outcome<R>& out, [[maybe_unused]] FrameMark mark = FrameMark(nullptr)) {
+  ++out.started;
+  auto result = co_await make();
+  ++out.resumed;
+  out.at = Clock::now();
+  out.result.emplace(std::move(result));
+}
+
+/// A coroutine type of the test's own (awaiters work with any): runs at once up to its first
+/// suspension; its frame lives until the object goes.
+struct Eager {
+  struct promise_type {
+    Eager get_return_object() { return Eager(std::coroutine_handle<promise_type>::from_promise(*this)); }
+    std::suspend_never initial_suspend() noexcept { return {}; }
+    std::suspend_always final_suspend() noexcept { return {}; }
+    void return_void() noexcept {}
+    void unhandled_exception() noexcept { std::terminate(); }
+  };
+  explicit Eager(std::coroutine_handle<promise_type> h) : handle(h) {}
+  Eager(Eager&& o) noexcept : handle(std::exchange(o.handle, nullptr)) {}
+  Eager(const Eager&) = delete;
+  ~Eager() {
+    if (handle) handle.destroy();
+  }
+  std::coroutine_handle<promise_type> handle;
+};
+
+template <class Make, class R = AwaitResult<Make>> Eager eager_once(Make make, Outcome<R>& out) {
+  ++out.started;
+  auto result = co_await make();
+  ++out.resumed;
+  out.at = Clock::now();
+  out.result.emplace(std::move(result));
+}
+
+void check_error(const Error& e, errc code, std::string_view call, std::string_view words) {
+  INFO("error: " << e.message());
+  CHECK(e.code() == code);
+  CHECK(e.call() == call);
+  CHECK_THAT(e.message(), Catch::Contains(std::string(words)));
+}
+
+void check_stopped(const Error& e, std::string_view call) {
+  check_error(e, errc::no_event, call, "the event loop was stopped");
+  CHECK(e.sys_errno() == 0);
+}
+
+bool has_call(const std::vector<std::string>& calls, std::string_view name) {
+  for (auto& c : calls)
+    if (c == name) return true;
+  return false;
+}
+
+/// The loop's epoll set holds only its eventfd (no awaiter is left in it).
+void check_only_wakefd(const fake::FakeProvider& fake, const EventLoop& loop) {
+  auto set = fake.watched(loop.core()->epfd);
+  CHECK(set.size() == 1);
+  CHECK(set.count(loop.core()->wakefd) == 1);
+}
+
+// ---- the awaitables under test, each with its source, its event and its checks
+
+struct ConnReqSubject {
+  static constexpr const char* call = "EventLoop::next_conn_req";
+  static constexpr bool ready_before = true, has_timeout = true, has_source = true;
+  fake::FakeProvider& fake;
+  Peer peer;
+  std::optional<Endpoint> ep;
+  explicit ConnReqSubject(fake::FakeProvider& f) : fake(f), peer(open_peer(f)), ep(listen_on(peer, "169.254.77.1")) {}
+  auto make(EventLoop& loop, ms timeout = ms(-1)) { return loop.next_conn_req(*ep, {}, timeout); }
+  void make_ready() {
+    fake::Request r;
+    r.private_data = "hello";
+    fake.inject_connect_request(*ep->fd(), r);
+  }
+  void check_result(expected<ConnReq>& r) {
+    INFO((r ? std::string() : r.error().message()));
+    REQUIRE(r);
+    CHECK(*r->is_incoming());
+    CHECK(text_of(*r->private_data()).substr(0, 5) == "hello");
+  }
+  void destroy_source() { ep.reset(); }
+  void close_source() { CHECK(std::move(*ep).shutdown()); }
+};
+
+struct EventSubject {
+  static constexpr const char* call = "EventLoop::next_event";
+  static constexpr bool ready_before = true, has_timeout = true, has_source = true;
+  fake::FakeProvider& fake;
+  Peer peer;
+  std::optional<Conn> conn;
+  explicit EventSubject(fake::FakeProvider& f) : fake(f), peer(open_peer(f)), conn(connected(f, peer)) {}
+  auto make(EventLoop& loop, ms timeout = ms(-1)) { return loop.next_event(*conn, timeout); }
+  void make_ready() { fake.inject_event(*conn->fd(), RDMA_CM_EVENT_DISCONNECTED); }
+  void check_result(expected<ConnEvent>& r) {
+    INFO((r ? std::string() : r.error().message()));
+    REQUIRE(r);
+    CHECK(*r == ConnEvent::closed);
+  }
+  void destroy_source() { conn.reset(); }
+  void close_source() { CHECK(std::move(*conn).close()); }
+};
+
+struct ResolveSubject {
+  static constexpr const char* call = "EventLoop::resolve";
+  static constexpr bool ready_before = true, has_timeout = true, has_source = false;
+  fake::FakeProvider& fake;
+  Peer peer;
+  PendingConnReq pending;
+  static PendingConnReq start(fake::FakeProvider& f, const Peer& peer) {
+    f.auto_resolve = false;  // resolution waits for make_ready()
+    auto p = ConnReq::start(peer, "169.254.77.9", "7471");
+    INFO((p ? std::string() : p.error().message()));
+    REQUIRE(p);
+    return std::move(*p);
+  }
+  explicit ResolveSubject(fake::FakeProvider& f) : fake(f), peer(open_peer(f)), pending(start(f, peer)) {}
+  ~ResolveSubject() { fake.deliver_held(); }  // events held for a released request are discarded
+  auto make(EventLoop& loop, ms timeout = ms(-1)) { return loop.resolve(std::move(pending), timeout); }
+  void make_ready() {
+    fake.auto_resolve = true;  // the route resolves as soon as it is asked for
+    fake.deliver_held();
+  }
+  void check_result(expected<ConnReq>& r) {
+    INFO((r ? std::string() : r.error().message()));
+    REQUIRE(r);
+    CHECK_FALSE(*r->is_incoming());
+    CHECK(*r->device() == "fake0");
+  }
+};
+
+struct ConnectSubject {
+  static constexpr const char* call = "EventLoop::connect";
+  // ESTABLISHED can only follow rdma_connect, made within the co_await
+  static constexpr bool ready_before = false, has_timeout = true, has_source = false;
+  fake::FakeProvider& fake;
+  Peer peer;
+  explicit ConnectSubject(fake::FakeProvider& f) : fake(f), peer(open_peer(f)) {}
+  ~ConnectSubject() { fake.deliver_held(); }
+  auto make(EventLoop& loop, ms timeout = ms(-1)) {
+    return loop.connect(peer, "169.254.77.9", "7471", {}, bytes_of("hi there"), timeout);
+  }
+  int conn_fd() {
+    REQUIRE(fake.connects.size() == 1);
+    return fake.connects.back().id->channel->fd;
+  }
+  void make_ready() { fake.inject_event(conn_fd(), RDMA_CM_EVENT_ESTABLISHED); }
+  void check_result(expected<Conn>& r) {
+    INFO((r ? std::string() : r.error().message()));
+    REQUIRE(r);
+    CHECK(fake.connected(*r->qp()));
+    CHECK(fake.connects.back().text() == "hi there");
+    CHECK(*r->fd() == conn_fd());
+  }
+};
+
+struct CompletionsSubject {
+  static constexpr const char* call = "EventLoop::completions";
+  static constexpr bool ready_before = true, has_timeout = true, has_source = true;
+  fake::FakeProvider& fake;
+  Peer peer;
+  std::optional<Conn> conn;
+  Buffer buf{64};
+  MrLocal mr;
+  ibv_wc wc[4]{};
+  explicit CompletionsSubject(fake::FakeProvider& f)
+      : fake(f), peer(open_peer(f)), conn(connected(f, peer)), mr(reg(peer, buf, MrUsage::send)) {
+    REQUIRE(conn->send(mr, 0, 8, Completion::always, 77));
+  }
+  auto make(EventLoop& loop, ms timeout = ms(-1)) { return loop.completions(*conn, wc, CqKind::main, timeout); }
+  void make_ready() { REQUIRE(fake.complete_sends(*conn->qp(), 1) == 1); }
+  void check_result(expected<std::span<ibv_wc>>& r) {
+    INFO((r ? std::string() : r.error().message()));
+    REQUIRE(r);
+    REQUIRE(r->size() == 1);
+    CHECK(r->data() == wc);
+    CHECK(wc[0].wr_id == 77);
+    CHECK(wc[0].status == IBV_WC_SUCCESS);
+    CHECK(wc[0].opcode == IBV_WC_SEND);
+  }
+  void destroy_source() { conn.reset(); }
+  void close_source() { CHECK(std::move(*conn).close()); }
+};
+
+struct SleepSubject {
+  static constexpr const char* call = "EventLoop::sleep_for";
+  static constexpr bool ready_before = false, has_timeout = false, has_source = false;
+  explicit SleepSubject(fake::FakeProvider&) {}
+  auto make(EventLoop& loop, ms = ms(-1)) { return loop.sleep_for(20s); }
+};
+
+template <class S> auto maker(S& s, EventLoop& loop, ms timeout = ms(-1)) {
+  return [&s, &loop, timeout] { return s.make(loop, timeout); };
+}
+template <class S> using SubjectResult = AwaitResult<decltype(maker(std::declval<S&>(), std::declval<EventLoop&>()))>;
+
+/// Spawns an awaiting coroutine and lets it reach its co_await.
+template <class S> void spawn_waiting(EventLoop& loop, S& s, Outcome<SubjectResult<S>>& out, ms timeout = ms(-1),
+                                      int* frames = nullptr) {
+  REQUIRE(spawn(loop, await_once(maker(s, loop, timeout), out, FrameMark(frames))));
+  REQUIRE(loop.run_once(0ms));
+  REQUIRE(out.suspended());
+}
+
+Task<void> after(EventLoop& loop, ms delay, std::function<void()> fn) {
+  auto slept = co_await loop.sleep_for(delay);
+  REQUIRE(slept);
+  fn();
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("awaitables: the result, and cancellation by each cause, each resuming once", "[task][await]",
+                   ConnReqSubject, EventSubject, ResolveSubject, ConnectSubject, CompletionsSubject, SleepSubject) {
+  using S = TestType;
+  using R = SubjectResult<S>;
+  fake::FakeProvider fake;
+  {
+    std::optional<EventLoop> loop(make_loop());
+    S s(fake);
+    Outcome<R> out;
+
+    if constexpr (S::ready_before) {
+      SECTION("the result is there before the co_await: no suspension") {
+        s.make_ready();
+        const auto mark = fake.mark();
+        Eager co = eager_once(maker(s, *loop), out);  // runs up to its end or first suspension
+        CHECK(out.resumed == 1);
+        CHECK(co.handle.done());
+        CHECK_FALSE(has_call(fake.calls_since(mark), "epoll_ctl"));  // never waited
+        REQUIRE(out.result);
+        s.check_result(*out.result);
+        settle(*loop);
+        CHECK(out.resumed == 1);
+      }
+    }
+    if constexpr (!std::is_same_v<S, SleepSubject>) {
+      SECTION("the result arrives later: resumed once with it") {
+        spawn_waiting(*loop, s, out);
+        settle(*loop);
+        CHECK(out.resumed == 0);  // nothing to resume it yet
+        s.make_ready();
+        REQUIRE(run_until(*loop, [&] { return out.resumed > 0; }));
+        s.check_result(*out.result);
+        settle(*loop);
+        CHECK(out.resumed == 1);
+        check_only_wakefd(fake, *loop);
+      }
+    }
+    if constexpr (S::has_timeout) {
+      SECTION("timeout: no_event after it, not much later") {
+        const auto t0 = Clock::now();
+        spawn_waiting(*loop, s, out, 80ms);
+        REQUIRE(run_until(*loop, [&] { return out.resumed > 0; }));
+        const auto took = out.at - t0;
+        CHECK(took >= 80ms);
+        CHECK(took < 1500ms);
+        REQUIRE_FALSE(*out.result);
+        check_error(out.result->error(), errc::no_event, S::call, "nothing within 80 ms");
+        settle(*loop);
+        CHECK(out.resumed == 1);
+        check_only_wakefd(fake, *loop);
+      }
+      SECTION("a zero timeout gives up at the next turn when nothing is there") {
+        REQUIRE(spawn(*loop, await_once(maker(s, *loop, 0ms), out)));
+        REQUIRE(run_until(*loop, [&] { return out.resumed > 0; }, 500ms));
+        REQUIRE_FALSE(*out.result);
+        CHECK(out.result->error() == errc::no_event);
+      }
+    }
+    SECTION("stop() from the loop's thread before run: no_event, the loop stays usable") {
+      spawn_waiting(*loop, s, out);
+      loop->stop();
+      auto ran = loop->run();
+      INFO((ran ? std::string() : ran.error().message()));
+      REQUIRE(ran);
+      CHECK(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      check_stopped(out.result->error(), S::call);
+      check_only_wakefd(fake, *loop);
+      // not stopping any more: a new await waits as usual
+      auto slept = block_on(*loop, [](EventLoop& l) -> Task<expected<void>> { co_return co_await l.sleep_for(1ms); }(*loop));
+      REQUIRE(slept);
+      CHECK(*slept);
+      CHECK(out.resumed == 1);
+    }
+    SECTION("stop() from another coroutine: no_event before run returns") {
+      spawn_waiting(*loop, s, out);
+      REQUIRE(spawn(*loop, after(*loop, 5ms, [&] { loop->stop(); })));
+      REQUIRE(loop->run());
+      CHECK(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      check_stopped(out.result->error(), S::call);
+      settle(*loop);
+      CHECK(out.resumed == 1);
+    }
+    SECTION("stop() from another thread: no_event before run returns") {
+      spawn_waiting(*loop, s, out);
+      EventLoop& l = *loop;
+      std::thread stopper([&l] {
+        std::this_thread::sleep_for(30ms);
+        l.stop();
+      });
+      const auto t0 = Clock::now();
+      auto ran = l.run();
+      stopper.join();
+      INFO((ran ? std::string() : ran.error().message()));
+      REQUIRE(ran);
+      CHECK(Clock::now() - t0 < 1500ms);
+      CHECK(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      check_stopped(out.result->error(), S::call);
+      settle(*loop);
+      CHECK(out.resumed == 1);
+    }
+    SECTION("an await started while the stop is handled fails at once; the coroutine ends") {
+      int second = 0;
+      std::optional<expected<void>> again;
+      auto retry = [&]() -> Task<void> {
+        auto first = co_await s.make(*loop);
+        CHECK_FALSE(first);
+        again.emplace(co_await loop->sleep_for(10s));  // during stop(): not left suspended
+        ++second;
+      };
+      REQUIRE(spawn(*loop, retry()));
+      REQUIRE(loop->run_once(0ms));
+      loop->stop();
+      REQUIRE(loop->run());
+      CHECK(second == 1);
+      REQUIRE(again);
+      REQUIRE_FALSE(*again);
+      check_stopped(again->error(), "EventLoop::sleep_for");
+      check_only_wakefd(fake, *loop);
+    }
+    if constexpr (S::has_source) {
+      SECTION("the awaited object destroyed by another coroutine: inval") {
+        spawn_waiting(*loop, s, out);
+        REQUIRE(spawn(*loop, after(*loop, 5ms, [&] { s.destroy_source(); })));
+        REQUIRE(run_until(*loop, [&] { return out.resumed > 0; }));
+        REQUIRE_FALSE(*out.result);
+        check_error(out.result->error(), errc::inval, S::call, "the awaited object was destroyed or closed");
+        settle(*loop);
+        CHECK(out.resumed == 1);
+        check_only_wakefd(fake, *loop);
+      }
+      SECTION("the awaited object closed by a handler: inval") {
+        int pipe_fds[2];
+        REQUIRE(::pipe(pipe_fds) == 0);
+        spawn_waiting(*loop, s, out);
+        Registration reg;
+        auto r = loop->watch_fd(pipe_fds[0], EPOLLIN, [&](std::uint32_t) {
+          s.close_source();
+          reg.reset();  // once
+        });
+        REQUIRE(r);
+        reg = std::move(*r);
+        REQUIRE(::write(pipe_fds[1], "x", 1) == 1);
+        REQUIRE(run_until(*loop, [&] { return out.resumed > 0; }));
+        REQUIRE_FALSE(*out.result);
+        check_error(out.result->error(), errc::inval, S::call, "destroyed or closed");
+        settle(*loop);
+        CHECK(out.resumed == 1);
+        CHECK_FALSE(reg.active());
+        ::close(pipe_fds[0]);
+        ::close(pipe_fds[1]);
+      }
+      SECTION("the awaited object destroyed between run calls: inval at the next one") {
+        spawn_waiting(*loop, s, out);
+        s.destroy_source();
+        CHECK(out.resumed == 0);  // never from inside the destructor
+        REQUIRE(loop->run_once(0ms));
+        CHECK(out.resumed == 1);
+        REQUIRE_FALSE(*out.result);
+        CHECK(out.result->error() == errc::inval);
+      }
+      SECTION("destroyed and stopped in the same turn: resumed once") {
+        spawn_waiting(*loop, s, out, 5000ms);
+        s.destroy_source();
+        loop->stop();
+        REQUIRE(loop->run());
+        settle(*loop);
+        CHECK(out.resumed == 1);
+        REQUIRE_FALSE(*out.result);
+        CHECK(out.result->error() == errc::inval);
+      }
+    }
+    SECTION("the loop destroyed with the spawned coroutine suspended: its frame goes, never resumed") {
+      int frames = 0;
+      spawn_waiting(*loop, s, out, ms(-1), &frames);
+      loop.reset();
+      CHECK(frames == 1);
+      CHECK(out.resumed == 0);
+      // the source goes after the loop (end of scope); the fake then checks nothing leaked
+    }
+    SECTION("the loop destroyed under a coroutine it does not own: never resumed; destroying it later is safe") {
+      Eager co = eager_once(maker(s, *loop), out);
+      REQUIRE(out.suspended());
+      loop.reset();
+      if constexpr (S::has_source) s.destroy_source();
+      CHECK(out.resumed == 0);
+      // co's frame (with its awaiter) is destroyed here, after the loop
+    }
+    SECTION("the awaiting frame destroyed: the awaiter leaves the loop") {
+      {
+        Eager co = eager_once(maker(s, *loop, 30ms), out);
+        REQUIRE(out.suspended());
+      }
+      check_only_wakefd(fake, *loop);
+      if constexpr (S::has_source) s.make_ready();
+      std::this_thread::sleep_for(40ms);  // past the destroyed awaiter's deadline
+      settle(*loop);
+      CHECK(out.resumed == 0);
+    }
+  }
+  fake.expect_clean();
+  CHECK(fake.closed_while_watched() == 0);
+}
+
+TEST_CASE("sleep_for: resumes after the duration with success", "[task][await]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Outcome<expected<void>> out;
+    const auto t0 = Clock::now();
+    REQUIRE(spawn(loop, await_once([&] { return loop.sleep_for(60ms); }, out)));
+    REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+    CHECK(out.at - t0 >= 60ms);
+    CHECK(out.at - t0 < 1500ms);
+    CHECK(*out.result);
+    settle(loop);
+    CHECK(out.resumed == 1);
+
+    SECTION("a negative duration is zero") {
+      Outcome<expected<void>> now;
+      REQUIRE(spawn(loop, await_once([&] { return loop.sleep_for(-5ms); }, now)));
+      REQUIRE(run_until(loop, [&] { return now.resumed > 0; }, 500ms));
+      CHECK(*now.result);
+    }
+    SECTION("sleepers resume in deadline order, each once") {
+      std::vector<int> order;
+      auto sleeper = [&](int id, ms d) -> Task<void> {
+        auto r = co_await loop.sleep_for(d);
+        CHECK(r);
+        order.push_back(id);
+      };
+      REQUIRE(spawn(loop, sleeper(3, 90ms)));
+      REQUIRE(spawn(loop, sleeper(1, 10ms)));
+      REQUIRE(spawn(loop, sleeper(2, 50ms)));
+      REQUIRE(run_until(loop, [&] { return order.size() == 3; }));
+      settle(loop);
+      CHECK(order == std::vector<int>{1, 2, 3});
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("next_event: a coroutine awaiting again after each event sees each once, in order", "[task][await]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    Conn conn = outgoing(peer).connect().value();
+    std::vector<ConnEvent> seen;
+    int resumptions = 0;
+    auto watcher = [&]() -> Task<void> {
+      for (;;) {
+        auto ev = co_await loop.next_event(conn);
+        ++resumptions;
+        if (!ev) co_return;
+        seen.push_back(*ev);
+        if (*ev == ConnEvent::closed) co_return;
+      }
+    };
+    REQUIRE(spawn(loop, watcher()));
+    REQUIRE(loop.run_once(0ms));
+    fake.inject_event(*conn.fd(), RDMA_CM_EVENT_ESTABLISHED, "server says hi");
+    REQUIRE(run_until(loop, [&] { return seen.size() == 1; }));
+    fake.inject_event(*conn.fd(), RDMA_CM_EVENT_UNREACHABLE);
+    fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
+    fake.inject_event(*conn.fd(), RDMA_CM_EVENT_TIMEWAIT_EXIT);  // acknowledged, not reported
+    REQUIRE(run_until(loop, [&] { return seen.size() == 3; }));
+    settle(loop);
+    CHECK(seen == std::vector<ConnEvent>{ConnEvent::established, ConnEvent::unreachable, ConnEvent::closed});
+    CHECK(resumptions == 3);
+    CHECK(text_of(*conn.private_data()).substr(0, 14) == "server says hi");
+    CHECK(fake.queued(*conn.fd()) == 1);  // TIMEWAIT_EXIT: nobody awaits any more
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("an event and the timeout in the same turn: resumed once", "[task][await]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    EventSubject s(fake);
+    Outcome<expected<ConnEvent>> out;
+    spawn_waiting(loop, s, out, 20ms);
+    s.make_ready();
+    std::this_thread::sleep_for(40ms);  // both due when the loop looks next
+    REQUIRE(loop.run_once(0ms));
+    settle(loop);
+    CHECK(out.resumed == 1);
+    REQUIRE(out.result);
+    if (*out.result) CHECK(**out.result == ConnEvent::closed);
+    else CHECK(out.result->error() == errc::no_event);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("completions: the receive queue of a connection with its own", "[task][await]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    ConnConfig cfg;
+    cfg.rcq_size = 4;
+    Conn conn = connected(fake, peer, cfg);
+    Buffer buf(64, std::byte{0});
+    MrLocal mr = reg(peer, buf, MrUsage::recv);
+    REQUIRE(conn.recv(mr, 0, 16, 5));
+    REQUIRE(conn.recv(mr, 16, 16, 6));
+    ibv_wc wc[4]{};
+    Outcome<expected<std::span<ibv_wc>>> out;
+    REQUIRE(spawn(loop, await_once([&] { return loop.completions(conn, wc, CqKind::receive); }, out)));
+    REQUIRE(loop.run_once(0ms));
+    REQUIRE(out.suspended());
+    REQUIRE(fake.deliver_recv(*conn.qp(), bytes_of("ping")));
+    REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+    REQUIRE(*out.result);
+    REQUIRE((*out.result)->size() == 1);
+    CHECK(wc[0].wr_id == 5);
+    CHECK(wc[0].opcode == IBV_WC_RECV);
+    CHECK(text_of(std::span<const std::byte>(buf.data(), 4)) == "ping");
+
+    SECTION("ready before: the second arrives before the next await") {
+      REQUIRE(fake.deliver_recv(*conn.qp(), bytes_of("pong")));
+      Outcome<expected<std::span<ibv_wc>>> next;
+      Eager co = eager_once([&] { return loop.completions(conn, wc, CqKind::receive); }, next);
+      CHECK(next.resumed == 1);
+      REQUIRE(*next.result);
+      CHECK(wc[0].wr_id == 6);
+    }
+    SECTION("the main queue of it sees no receive") {
+      Outcome<expected<std::span<ibv_wc>>> main_q;
+      REQUIRE(fake.deliver_recv(*conn.qp(), bytes_of("pong")));
+      REQUIRE(spawn(loop, await_once([&] { return loop.completions(conn, wc, CqKind::main, 30ms); }, main_q)));
+      REQUIRE(run_until(loop, [&] { return main_q.resumed > 0; }));
+      REQUIRE_FALSE(*main_q.result);
+      CHECK(main_q.result->error() == errc::no_event);
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("completions: bad arguments are inval without waiting", "[task][await]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    Conn conn = connected(fake, peer);
+    ibv_wc wc[1]{};
+    Outcome<expected<std::span<ibv_wc>>> empty_out, no_rcq;
+    Eager a = eager_once([&] { return loop.completions(conn, std::span<ibv_wc>()); }, empty_out);
+    Eager b = eager_once([&] { return loop.completions(conn, wc, CqKind::receive); }, no_rcq);
+    REQUIRE(empty_out.resumed == 1);
+    REQUIRE(no_rcq.resumed == 1);
+    check_inval(empty_out.result->error(), "EventLoop::completions", "room for 0");
+    check_inval(no_rcq.result->error(), "EventLoop::completions", "receive completion queue");
+    Conn moved = std::move(conn);
+    Outcome<expected<ConnEvent>> from_empty;
+    Eager c = eager_once([&] { return loop.next_event(conn); }, from_empty);
+    REQUIRE(from_empty.resumed == 1);
+    check_inval(from_empty.result->error(), "EventLoop::next_event", "empty");
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("connect: the peer's refusal, an unreachable peer, resolution errors, too much private data",
+          "[task][await][connect]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    ConnectSubject s(fake);
+    Outcome<expected<Conn>> out;
+    auto finish_with = [&](rdma_cm_event_type type, int status = 0) {
+      spawn_waiting(loop, s, out, 2000ms);
+      fake.inject_event(s.conn_fd(), type, {}, status);
+      REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+      settle(loop);
+      CHECK(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      CHECK(fake.alive("cm_id") == 0);  // the failed connection is released
+      return out.result->error();
+    };
+    SECTION("rejected: provider ECONNREFUSED") {
+      auto e = finish_with(RDMA_CM_EVENT_REJECTED);
+      check_error(e, errc::provider, "rdma_connect", "rejected");
+      CHECK(e.sys_errno() == ECONNREFUSED);
+    }
+    SECTION("unreachable: provider EHOSTUNREACH") {
+      auto e = finish_with(RDMA_CM_EVENT_UNREACHABLE);
+      check_error(e, errc::provider, "rdma_connect", "unreachable");
+      CHECK(e.sys_errno() == EHOSTUNREACH);
+    }
+    SECTION("the connection ends first: provider ECONNRESET") {
+      auto e = finish_with(RDMA_CM_EVENT_CONNECT_ERROR);
+      check_error(e, errc::provider, "rdma_connect", "lost");
+      CHECK(e.sys_errno() == ECONNRESET);
+    }
+    SECTION("ADDR_ERROR: the resolution's error, at once") {
+      fake.addr_event = RDMA_CM_EVENT_ADDR_ERROR;
+      fake.addr_status = -ENETUNREACH;
+      Eager co = eager_once(maker(s, loop), out);
+      REQUIRE(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      check_error(out.result->error(), errc::provider, "rdma_resolve_addr", "ADDR_ERROR");
+      CHECK(out.result->error().sys_errno() == ENETUNREACH);
+      CHECK(fake.connects.empty());
+      CHECK(fake.alive("cm_id") == 0);
+    }
+    SECTION("ADDR_ERROR after a suspension") {
+      fake.auto_resolve = false;
+      fake.addr_event = RDMA_CM_EVENT_ADDR_ERROR;
+      fake.addr_status = -EHOSTUNREACH;
+      spawn_waiting(loop, s, out);
+      fake.deliver_held();
+      REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+      REQUIRE_FALSE(*out.result);
+      CHECK(out.result->error().call() == "rdma_resolve_addr");
+      CHECK(out.result->error().sys_errno() == EHOSTUNREACH);
+      CHECK(fake.alive("cm_id") == 0);
+    }
+    SECTION("resolution in steps, then ESTABLISHED") {
+      fake.auto_resolve = false;
+      spawn_waiting(loop, s, out);
+      fake.deliver_held();  // ADDR_RESOLVED: the route is asked for
+      REQUIRE(run_until(loop, [&] { return fake.calls().back() != "rdma_resolve_addr" && has_call(fake.calls(), "rdma_resolve_route"); }));
+      fake.deliver_held();  // ROUTE_RESOLVED: rdma_connect
+      REQUIRE(run_until(loop, [&] { return !fake.connects.empty(); }));
+      CHECK(out.resumed == 0);
+      s.make_ready();
+      REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+      s.check_result(*out.result);
+      settle(loop);
+      CHECK(out.resumed == 1);
+    }
+    SECTION("one timeout for resolution and establishment together") {
+      fake.auto_resolve = false;
+      const auto t0 = Clock::now();
+      spawn_waiting(loop, s, out, 400ms);
+      auto deliver = [&]() -> Task<void> {
+        auto slept = co_await loop.sleep_for(250ms);  // (no co_await inside Catch's macros)
+        fake.deliver_held();
+        auto slept_again = co_await loop.sleep_for(10ms);
+        fake.deliver_held();
+        CHECK(slept);
+        CHECK(slept_again);
+      };
+      REQUIRE(spawn(loop, deliver()));
+      REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+      const auto took = out.at - t0;
+      CHECK(fake.connects.size() == 1);  // it got as far as connecting
+      REQUIRE_FALSE(*out.result);
+      check_error(out.result->error(), errc::no_event, "EventLoop::connect", "nothing within 400 ms");
+      CHECK(took >= 400ms);
+      CHECK(took < 600ms);  // not 400 ms again from the connect
+      CHECK(fake.alive("cm_id") == 0);
+    }
+    SECTION("private data longer than 56 bytes: inval, nothing created") {
+      const std::string long_data(57, 'x');
+      const auto mark = fake.mark();
+      Eager co = eager_once([&] { return loop.connect(s.peer, "169.254.77.9", "7471", {}, bytes_of(long_data)); }, out);
+      REQUIRE(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      check_inval(out.result->error(), "EventLoop::connect", "57 bytes");
+      CHECK(fake.calls_since(mark).empty());
+      CHECK(fake.alive("cm_id") == 0);
+      CHECK(fake.alive("event_channel") == 0);
+    }
+    SECTION("56 bytes are sent as they are") {
+      const std::string max_data(56, 'y');
+      Eager co = eager_once([&] { return loop.connect(s.peer, "169.254.77.9", "7471", {}, bytes_of(max_data)); }, out);
+      REQUIRE(out.suspended());
+      REQUIRE(fake.connects.size() == 1);
+      CHECK(fake.connects[0].text() == max_data);
+    }
+    SECTION("a bad address is ConnReq::start's error, at once") {
+      Eager co = eager_once([&] { return loop.connect(s.peer, "not an address", "7471"); }, out);
+      REQUIRE(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      CHECK(out.result->error() == errc::inval);
+      CHECK(fake.alive("cm_id") == 0);
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("next_conn_req: an Endpoint moved during the await still delivers; one assigned over is gone",
+          "[task][await]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    ConnReqSubject s(fake);
+    Outcome<expected<ConnReq>> out;
+    spawn_waiting(loop, s, out);
+    SECTION("moved: the link moves with the handle") {
+      Endpoint moved = std::move(*s.ep);
+      s.ep.emplace(std::move(moved));
+      s.make_ready();
+      REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+      s.check_result(*out.result);
+    }
+    SECTION("assigned over: inval") {
+      Endpoint other = listen_on(s.peer, "169.254.77.1", "7472");
+      *s.ep = std::move(other);
+      REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+      REQUIRE_FALSE(*out.result);
+      CHECK(out.result->error() == errc::inval);
+    }
+    settle(loop);
+    CHECK(out.resumed == 1);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("500 coroutines each await their own connection's next event: each resumed once", "[task][await][many]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    constexpr int n = 500;
+    std::vector<Conn> conns;
+    conns.reserve(n);
+    for (int i = 0; i < n; ++i) conns.push_back(connected(fake, peer));
+    std::vector<int> resumed(n, 0);
+    std::vector<std::optional<expected<ConnEvent>>> got(n);
+    int finished = 0;
+    auto waiter = [&](int i) -> Task<void> {
+      auto ev = co_await loop.next_event(conns[static_cast<std::size_t>(i)], 5000ms);
+      ++resumed[static_cast<std::size_t>(i)];
+      got[static_cast<std::size_t>(i)].emplace(ev);
+      ++finished;
+    };
+    for (int i = 0; i < n; ++i) REQUIRE(spawn(loop, waiter(i)));
+    REQUIRE(loop.run_once(0ms));
+    CHECK(finished == 0);
+    CHECK(fake.watched(loop.core()->epfd).size() == n + 1);
+    // in reverse order, and the odd ones first
+    for (int i = n - 1; i >= 0; --i)
+      if (i % 2) fake.inject_event(*conns[static_cast<std::size_t>(i)].fd(), RDMA_CM_EVENT_DISCONNECTED);
+    for (int i = n - 1; i >= 0; --i)
+      if (!(i % 2)) fake.inject_event(*conns[static_cast<std::size_t>(i)].fd(), RDMA_CM_EVENT_UNREACHABLE);
+    REQUIRE(run_until(loop, [&] { return finished == n; }));
+    settle(loop);
+    for (int i = 0; i < n; ++i) {
+      INFO("coroutine " << i);
+      CHECK(resumed[static_cast<std::size_t>(i)] == 1);
+      REQUIRE(got[static_cast<std::size_t>(i)]);
+      REQUIRE(*got[static_cast<std::size_t>(i)]);
+      CHECK(**got[static_cast<std::size_t>(i)] == (i % 2 ? ConnEvent::closed : ConnEvent::unreachable));
+    }
+    check_only_wakefd(fake, loop);
+  }
+  fake.expect_clean();
+}
+
+// ---- Task, spawn, block_on
+
+namespace {
+
+Task<int> answer(EventLoop& loop) {
+  auto slept = co_await loop.sleep_for(1ms);
+  REQUIRE(slept);
+  co_return 42;
+}
+Task<int> answer_now() { co_return 7; }
+Task<std::unique_ptr<std::string>> boxed(EventLoop& loop, std::string s) {
+  co_await loop.sleep_for(1ms);
+  co_return std::make_unique<std::string>(std::move(s));
+}
+Task<int> throws_after_await(EventLoop& loop) {
+  co_await loop.sleep_for(1ms);
+  throw std::runtime_error("boom after await");
+}
+Task<int> throws_at_once() { throw std::runtime_error("boom at once"); co_return 0; }
+
+struct LogCapture {
+  struct Entry {
+    LogLevel level;
+    std::string where, message;
+  };
+  static inline std::mutex mutex;
+  static inline std::vector<Entry> entries;
+  static void record(LogLevel level, std::string_view where, std::string_view message) noexcept {
+    std::lock_guard<std::mutex> lock(mutex);
+    entries.push_back({level, std::string(where), std::string(message)});
+  }
+  LogCapture() {
+    entries.clear();
+    set_log_function(&record);
+  }
+  ~LogCapture() { set_log_function(nullptr); }
+};
+
+}  // namespace
+
+TEST_CASE("Task: nested tasks return values and pass exceptions to the awaiting coroutine", "[task]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    SECTION("values, move-only ones too") {
+      auto outer = [&]() -> Task<std::string> {
+        int a = co_await answer(loop);
+        int b = co_await answer_now();
+        auto box = co_await boxed(loop, "boxed");
+        co_return std::to_string(a) + "," + std::to_string(b) + "," + *box;
+      };
+      auto r = block_on(loop, outer());
+      REQUIRE(r);
+      CHECK(*r == "42,7,boxed");
+    }
+    SECTION("an exception, thrown after a suspension or at once, reaches the awaiting coroutine") {
+      auto outer = [&]() -> Task<std::string> {
+        std::string seen;
+        try {
+          (void)co_await throws_after_await(loop);
+          seen += "not thrown;";
+        } catch (const std::runtime_error& e) {
+          seen += std::string(e.what()) + ";";
+        }
+        try {
+          (void)co_await throws_at_once();
+          seen += "not thrown;";
+        } catch (const std::runtime_error& e) {
+          seen += e.what();
+        }
+        co_return seen;
+      };
+      auto r = block_on(loop, outer());
+      REQUIRE(r);
+      CHECK(*r == "boom after await;boom at once");
+    }
+    SECTION("block_on rethrows what escapes the task") {
+      auto outer = [&]() -> Task<int> { co_return co_await throws_after_await(loop); };
+      CHECK_THROWS_WITH(block_on(loop, outer()), "boom after await");
+      CHECK_THROWS_WITH(block_on(loop, throws_at_once()), "boom at once");
+      // the loop goes on
+      auto r = block_on(loop, answer(loop));
+      REQUIRE(r);
+      CHECK(*r == 42);
+    }
+    SECTION("a Task of expected: both levels come back as they are") {
+      auto inner = [&]() -> Task<expected<int>> { co_return detail::fail(detail::invalid("inner", "said no")); };
+      auto r = block_on(loop, inner());
+      REQUIRE(r);
+      REQUIRE_FALSE(*r);
+      check_inval(r->error(), "inner", "said no");
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("Task: one destroyed before it ran does nothing; a spawned one goes with the loop unrun", "[task]") {
+  fake::FakeProvider fake;
+  int ran = 0, frames = 0;
+  auto body = [](int& r, FrameMark) -> Task<void> {
+    ++r;
+    co_return;
+  };
+  {
+    auto t = body(ran, FrameMark(&frames));
+    CHECK(t);
+  }
+  CHECK(ran == 0);
+  CHECK(frames == 1);
+  {
+    EventLoop loop = make_loop();
+    REQUIRE(spawn(loop, body(ran, FrameMark(&frames))));
+    CHECK(ran == 0);  // not before the loop runs
+  }
+  CHECK(ran == 0);
+  CHECK(frames == 2);
+  {
+    EventLoop loop = make_loop();
+    REQUIRE(spawn(loop, body(ran, FrameMark(&frames))));
+    REQUIRE(loop.run_once(0ms));
+    CHECK(ran == 1);
+    CHECK(frames == 3);  // finished: the loop destroyed its frame
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("spawn: an escaping exception is logged and returned by run as unknown", "[task]") {
+  fake::FakeProvider fake;
+  LogCapture log;
+  {
+    EventLoop loop = make_loop();
+    int frames = 0;
+    auto thrower = [&](FrameMark) -> Task<void> {
+      co_await loop.sleep_for(1ms);
+      throw std::runtime_error("spawned boom");
+    };
+    REQUIRE(spawn(loop, thrower(FrameMark(&frames))));
+    auto r = loop.run_for(2000ms);
+    REQUIRE_FALSE(r);
+    check_error(r.error(), errc::unknown, "EventLoop::run", "spawned boom");
+    CHECK(frames == 1);
+    {
+      std::lock_guard<std::mutex> lock(LogCapture::mutex);
+      REQUIRE(LogCapture::entries.size() == 1);
+      CHECK(LogCapture::entries[0].level == LogLevel::error);
+      CHECK(LogCapture::entries[0].where == "EventLoop::run");
+      CHECK_THAT(LogCapture::entries[0].message, Catch::Contains("spawned boom"));
+    }
+    SECTION("something else than a std::exception") {
+      auto odd = []() -> Task<void> {
+        throw 42;
+        co_return;
+      };
+      REQUIRE(spawn(loop, odd()));
+      auto again = loop.run_once(0ms);
+      REQUIRE_FALSE(again);
+      check_error(again.error(), errc::unknown, "EventLoop::run", "not a std::exception");
+    }
+    SECTION("the loop goes on afterwards") {
+      auto ok = block_on(loop, answer(loop));
+      REQUIRE(ok);
+      CHECK(*ok == 42);
+    }
+    SECTION("block_on returns it and destroys its own task") {
+      REQUIRE(spawn(loop, thrower(FrameMark(&frames))));
+      int own_frames = 0;
+      auto waits = [&](FrameMark) -> Task<int> {
+        co_await loop.sleep_for(10s);
+        co_return 1;
+      };
+      auto b = block_on(loop, waits(FrameMark(&own_frames)));
+      REQUIRE_FALSE(b);
+      check_error(b.error(), errc::unknown, "EventLoop::run", "spawned boom");
+      CHECK(own_frames == 1);
+      check_only_wakefd(fake, loop);
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("spawn and block_on: what they refuse", "[task]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    SECTION("an empty task") {
+      auto t = answer_now();
+      auto moved = std::move(t);
+      Task<void> empty = []() -> Task<void> { co_return; }();
+      Task<void> taken = std::move(empty);
+      check_inval(spawn(loop, std::move(empty)).error(), "spawn", "empty");
+      check_inval(block_on(loop, std::move(t)).error(), "block_on", "empty");
+    }
+    SECTION("an empty loop") {
+      EventLoop other = std::move(loop);
+      check_inval(spawn(loop, []() -> Task<void> { co_return; }()).error(), "spawn");
+      check_inval(block_on(loop, answer_now()).error(), "block_on");
+    }
+    SECTION("a finished task") {
+      Task<void> t = []() -> Task<void> { co_return; }();
+      auto awaits = [](Task<void>& inner) -> Task<void> { co_await inner; };
+      REQUIRE(block_on(loop, awaits(t)));
+      check_inval(spawn(loop, std::move(t)).error(), "spawn", "finished");
+    }
+    SECTION("a started task, suspended in its await") {
+      int done = 0;
+      auto sleeper = [&]() -> Task<void> {
+        co_await loop.sleep_for(20ms);
+        ++done;
+      };
+      Task<void> t = sleeper();
+      auto awaits = [&](Task<void>& inner) -> Task<void> {
+        co_await inner;
+        ++done;
+      };
+      Task<void> outer = awaits(t);
+      // started by `outer`, which stays the only one to resume it
+      auto keep = [&](Task<void>& o) -> Task<void> { co_await o; };
+      REQUIRE(spawn(loop, keep(outer)));
+      REQUIRE(loop.run_once(0ms));
+      check_inval(spawn(loop, std::move(t)).error(), "spawn", "started");
+      // t's frame went with the refused spawn; outer stays suspended until the loop goes
+      settle(loop);
+      CHECK(done == 0);
+    }
+    SECTION("block_on from a handler") {
+      int pipe_fds[2];
+      REQUIRE(::pipe(pipe_fds) == 0);
+      std::optional<expected<int>> inner;
+      auto reg = loop.watch_fd(pipe_fds[0], EPOLLIN, [&](std::uint32_t) {
+        if (!inner) inner.emplace(block_on(loop, answer_now()));
+      });
+      REQUIRE(reg);
+      REQUIRE(::write(pipe_fds[1], "x", 1) == 1);
+      REQUIRE(run_until(loop, [&] { return inner.has_value(); }));
+      reg->reset();
+      ::close(pipe_fds[0]);
+      ::close(pipe_fds[1]);
+      REQUIRE_FALSE(*inner);
+      check_inval(inner->error(), "block_on", "from a handler or coroutine");
+    }
+    SECTION("block_on and run from a coroutine of the loop") {
+      std::optional<expected<int>> nested;
+      std::optional<expected<void>> ran;
+      auto co = [&]() -> Task<void> {
+        nested.emplace(block_on(loop, answer_now()));
+        ran.emplace(loop.run_for(10ms));
+        co_return;
+      };
+      auto later = [&]() -> Task<void> {  // (a coroutine lambda must outlive its coroutine)
+        co_await loop.sleep_for(1ms);
+        co_await co();
+      };
+      SECTION("spawned") { REQUIRE(spawn(loop, co())); }
+      SECTION("resumed after an await") { REQUIRE(spawn(loop, later())); }
+      REQUIRE(run_until(loop, [&] { return ran.has_value(); }));
+      REQUIRE_FALSE(*nested);
+      check_inval(nested->error(), "block_on", "from a handler or coroutine");
+      REQUIRE_FALSE(*ran);
+      check_inval(ran->error(), "EventLoop::run_for", "from a handler or coroutine");
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("block_on: a task awaiting when another thread stops the loop gets the stop error", "[task]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    auto waits = [&]() -> Task<expected<void>> { co_return co_await loop.sleep_for(10s); };
+    std::thread stopper([&loop] {
+      std::this_thread::sleep_for(30ms);
+      loop.stop();
+    });
+    const auto t0 = Clock::now();
+    auto r = block_on(loop, waits());
+    stopper.join();
+    CHECK(Clock::now() - t0 < 2000ms);
+    REQUIRE(r);
+    REQUIRE_FALSE(*r);
+    check_stopped(r->error(), "EventLoop::sleep_for");
+  }
+  fake.expect_clean();
+}
