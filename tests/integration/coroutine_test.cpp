@@ -372,7 +372,7 @@ TEST_CASE("next_conn_req: stop() from another thread resumes the awaiting corout
   CHECK(stopped);
   CHECK(took < 20s);
   CHECK(resumed == 1);
-  REQUIRE(result);
+  REQUIRE(result.has_value());
   REQUIRE_FALSE(*result);
   CHECK(result->error().code() == errc::no_event);
   CHECK(std::string(result->error().reason()).find("stopped") != std::string::npos);

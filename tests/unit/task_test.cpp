@@ -318,7 +318,7 @@ TEMPLATE_TEST_CASE("awaitables: the result, and cancellation by each cause, each
         CHECK(out.resumed == 1);
         CHECK(co.handle.done());
         CHECK_FALSE(has_call(fake.calls_since(mark), "epoll_ctl"));  // never waited
-        REQUIRE(out.result);
+        REQUIRE(out.result.has_value());
         s.check_result(*out.result);
         settle(*loop);
         CHECK(out.resumed == 1);
@@ -590,7 +590,7 @@ TEST_CASE("an event and the timeout in the same turn: resumed once", "[task][awa
     REQUIRE(loop.run_once(0ms));
     settle(loop);
     CHECK(out.resumed == 1);
-    REQUIRE(out.result);
+    REQUIRE(out.result.has_value());
     if (*out.result) CHECK(**out.result == ConnEvent::closed);
     else CHECK(out.result->error() == errc::no_event);
   }
