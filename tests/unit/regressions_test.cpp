@@ -232,3 +232,31 @@ TEST_CASE("first error wins: cleanup failures after a failure", "[regression]") 
   }
   fake.expect_clean();
 }
+
+// Found by fuzzing (tests/fuzz, docs/reliability-fuzz.md).
+
+TEST_CASE("fuzz address: a NUL inside an address was accepted as the text before it",
+          "[regression]") {
+  using namespace std::string_view_literals;
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    const auto before = fake.mark();
+    // inet_pton stops at the NUL: "::\0junk" was the wildcard, "169.254.77.9\0x" that address.
+    for (std::string_view addr : {"169.254.77.9\0x"sv, "::\0\0:\x04P"sv, "169.254.77.1\0"sv,
+                                  "fe80::1%lo\0x"sv}) {
+      INFO("address of " << addr.size() << " bytes");
+      auto req = ConnReq::to(peer, addr, "7471");
+      REQUIRE_FALSE(req);
+      check_inval(req.error(), "ConnReq::to", "address");
+      auto ep = Endpoint::listen(peer, addr, "7471");
+      REQUIRE_FALSE(ep);
+      check_inval(ep.error(), "Endpoint::listen");
+      auto found = Peer::from_address(addr, AddressKind::local);
+      REQUIRE_FALSE(found);
+      check_inval(found.error(), "Peer::from_address");
+    }
+    CHECK(fake.calls_since(before).empty());  // refused before any provider call
+  }
+  fake.expect_clean();
+}

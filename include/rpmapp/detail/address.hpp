@@ -49,10 +49,13 @@ inline ScopedText split_scope(std::string_view addr) noexcept {
   return {addr.substr(0, percent), addr.substr(percent + 1), true};
 }
 
-/// inet_pton of `host` for `family` into `out` (an in_addr or in6_addr).
+/// inet_pton of `host` for `family` into `out` (an in_addr or in6_addr). A NUL inside
+/// `host` is refused: inet_pton (and rdma_getaddrinfo) would stop there and take the
+/// prefix ("1.2.3.4\0junk" as 1.2.3.4).
 inline bool parse_host(int family, std::string_view host, void* out) noexcept {
   char text[INET6_ADDRSTRLEN + 1];
-  if (host.empty() || host.size() >= sizeof text) return false;
+  if (host.empty() || host.size() >= sizeof text || host.find('\0') != std::string_view::npos)
+    return false;
   host.copy(text, host.size());
   text[host.size()] = '\0';
   return inet_pton(family, text, out) == 1;
@@ -62,7 +65,8 @@ inline bool parse_host(int family, std::string_view host, void* out) noexcept {
 /// interface has it (getaddrinfo, and so rdma_getaddrinfo, accepts both forms).
 inline unsigned scope_index(std::string_view scope) noexcept {
   char text[IF_NAMESIZE + 1];
-  if (scope.empty() || scope.size() >= sizeof text) return 0;
+  if (scope.empty() || scope.size() >= sizeof text || scope.find('\0') != std::string_view::npos)
+    return 0;
   scope.copy(text, scope.size());
   text[scope.size()] = '\0';
   if (scope.find_first_not_of("0123456789") == std::string_view::npos) {
