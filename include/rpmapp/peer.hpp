@@ -167,8 +167,9 @@ class Peer {
   ///   scope ("fe80::1%eth0"), or has a scope naming no interface or on another kind of
   ///   address; no RDMA device has it.
   /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr
-  ///   (EINTR only for a signal after the timeout), or one of open()'s calls (rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd,
-  ///   ibv_reg_mr) failed (errno and call in the Error).
+  ///   (EINTR only for a signal after the timeout), or one of open()'s calls
+  ///   (rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd, ibv_reg_mr) failed (errno and
+  ///   call in the Error).
   /// - nomem: out of memory (also a provider call's ENOMEM).
   static expected<Peer> from_address(std::string_view addr, AddressKind kind,
                                      std::chrono::milliseconds timeout =
