@@ -4,7 +4,7 @@
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 constexpr std::string_view client_hello = "hello from the 01-connection client";
 constexpr std::string_view server_hello = "welcome from the 01-connection server";

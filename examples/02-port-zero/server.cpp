@@ -4,7 +4,7 @@
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 int main(int argc, char** argv) {
   std::string_view addr, port;

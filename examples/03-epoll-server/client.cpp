@@ -4,7 +4,7 @@
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <poll.h>
 #include <unistd.h>

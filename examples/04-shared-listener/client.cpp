@@ -3,7 +3,7 @@
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <unistd.h>
 

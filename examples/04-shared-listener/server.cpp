@@ -5,7 +5,7 @@
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 namespace {
 

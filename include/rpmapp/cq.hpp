@@ -169,7 +169,7 @@ class Cq {
 
   /// Returns at least one completion: polls, and while the queue is empty waits for its
   /// event (acknowledged, queue re-armed) and polls again, so that no completion is lost
-  /// between the poll and the wait.
+  /// between the poll and the wait. A signal does not end the wait (EINTR is retried).
   /// Errors: as get() (never no_completion) and wait().
   expected<std::span<ibv_wc>> next(std::span<ibv_wc> out) noexcept {
     return next_until("Cq::next", out, detail::Deadline(detail::Wait::forever()));

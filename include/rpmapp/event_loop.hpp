@@ -436,6 +436,8 @@ class EventLoop {
   /// Runs until stop(). Before it returns because of stop(), every coroutine awaiting on
   /// the loop is resumed with an error (no_event, "the event loop was stopped"); handlers
   /// stay registered.
+  /// A signal does not end it: epoll_wait's EINTR is retried (with the time left, for
+  /// run_for and run_once).
   /// Errors: inval (empty loop; called from a handler); provider (epoll_wait); unknown (a
   /// handler or spawned coroutine threw: see the class comment).
   expected<void> run() noexcept { return run_until("EventLoop::run", detail::Deadline(detail::Wait::forever())); }

@@ -160,14 +160,16 @@ class Peer {
 
   /// Opens a Peer on the device that owns (`local`) or reaches (`remote`) the numeric
   /// address `addr`, as rpma_utils_get_ibv_context does. A remote lookup resolves the
-  /// address and may block up to `timeout`.
+  /// address and may block up to `timeout`; a signal does not end that wait (librdmacm's
+  /// EINTR is retried on a fresh cm_id with the time left).
   /// Errors:
   /// - inval: `addr` is not a numeric IPv4/IPv6 address, is link-local IPv6 without its
   ///   scope ("fe80::1%eth0"), or has a scope naming no interface or on another kind of
   ///   address; no RDMA device has it.
-  /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr,
-  ///   or one of open()'s calls (rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd,
-  ///   ibv_reg_mr) failed (errno and call in the Error).
+  /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr
+  ///   (EINTR only for a signal after the timeout), or one of open()'s calls
+  ///   (rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd, ibv_reg_mr) failed (errno and
+  ///   call in the Error).
   /// - nomem: out of memory (also a provider call's ENOMEM).
   static expected<Peer> from_address(std::string_view addr, AddressKind kind,
                                      std::chrono::milliseconds timeout =
@@ -175,28 +177,38 @@ class Peer {
     constexpr const char* call = "Peer::from_address";
     if (auto ok = detail::check_numeric_address(call, addr); !ok) return detail::fail(ok.error());
     return detail::no_throw(call, [&]() -> expected<Peer> {
-      rdma_cm_id* raw = nullptr;
-      errno = 0;
-      if (detail::provider().create_id(nullptr, &raw, nullptr, RDMA_PS_TCP) != 0)
-        return detail::fail(detail::provider_error("rdma_create_id", errno));
-      // Destroyed on the way out: a failure there is logged (notice when this call fails).
-      detail::CmId id(raw, detail::CmIdDeleter{false, detail::current_provider,
-                                               {call, LogLevel::notice}});
-      auto info = detail::get_addr_info(std::string(addr), {}, kind == AddressKind::local);
-      if (!info) return detail::fail(info.error());
-      errno = 0;
-      if (kind == AddressKind::local) {
-        if (detail::provider().bind_addr(id.get(), (*info)->ai_src_addr) != 0)
-          return detail::fail(detail::provider_error("rdma_bind_addr", errno));
-      } else if (detail::provider().resolve_addr(id.get(), nullptr, (*info)->ai_dst_addr,
-                                                 detail::Wait::bounded(timeout).ms) != 0) {
-        return detail::fail(detail::provider_error("rdma_resolve_addr", errno));
+      const detail::Deadline deadline(detail::Wait::bounded(timeout));
+      for (int attempt = 0;; ++attempt) {
+        rdma_cm_id* raw = nullptr;
+        errno = 0;
+        if (detail::provider().create_id(nullptr, &raw, nullptr, RDMA_PS_TCP) != 0)
+          return detail::fail(detail::provider_error("rdma_create_id", errno));
+        // Destroyed on the way out: a failure there is logged (notice when this call fails).
+        detail::CmId id(raw, detail::CmIdDeleter{false, detail::current_provider,
+                                                 {call, LogLevel::notice}});
+        auto info = detail::get_addr_info(std::string(addr), {}, kind == AddressKind::local);
+        if (!info) return detail::fail(info.error());
+        errno = 0;
+        if (kind == AddressKind::local) {
+          if (detail::provider().bind_addr(id.get(), (*info)->ai_src_addr) != 0)
+            return detail::fail(detail::provider_error("rdma_bind_addr", errno));
+        } else if (detail::provider().resolve_addr(
+                       id.get(), nullptr, (*info)->ai_dst_addr,
+                       attempt == 0 ? detail::Wait::bounded(timeout).ms : deadline.poll_timeout()) != 0) {
+          // Without an event channel librdmacm waits for the resolution in a blocking
+          // read, which a signal caught without SA_RESTART ends with EINTR: start again
+          // on a fresh id with the time left (the old one may still get the event).
+          const int e = errno;
+          if (e == EINTR && !deadline.passed()) continue;
+          return detail::fail(detail::provider_error(
+              "rdma_resolve_addr", e, e == EINTR ? "a signal came after the timeout" : ""));
+        }
+        if (id->verbs == nullptr)
+          return detail::fail(detail::invalid(call, "no RDMA device has address {}", addr));
+        auto peer = open(id->verbs);
+        if (peer) id.get_deleter().by.level = LogLevel::warning;
+        return peer;
       }
-      if (id->verbs == nullptr)
-        return detail::fail(detail::invalid(call, "no RDMA device has address {}", addr));
-      auto peer = open(id->verbs);
-      if (peer) id.get_deleter().by.level = LogLevel::warning;
-      return peer;
     });
   }
 

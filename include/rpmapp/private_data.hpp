@@ -1,4 +1,4 @@
-// Private data: the protocol's size limits, and viewing text as bytes.
+// Private data: the protocol's size limits, and viewing text (with or without its NUL) as bytes.
 #pragma once
 
 #include <rpmapp/version.hpp>
@@ -21,6 +21,17 @@ inline constexpr std::size_t max_reject_private_data = 148;
 /// The bytes of `text` (without a terminating NUL), for connect/accept/reject private data.
 inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
   return {reinterpret_cast<const std::byte*>(text.data()), text.size()};
+}
+
+/// The bytes of the C string `text` including its terminating NUL (strlen(text) + 1 bytes;
+/// empty for a null pointer), for connect/accept/reject private data read by a peer that
+/// expects a C string, as librpma programs do (`printf("%s", pdata.ptr)`). Without the NUL
+/// such a peer still finds one in rdma_cm's zero padding, except when the text fills the
+/// whole limit (the limits above count the NUL) or on a transport that does not pad.
+/// Thread safety: reads `text` only.
+inline std::span<const std::byte> as_bytes_with_nul(const char* text) noexcept {
+  if (text == nullptr) return {};
+  return {reinterpret_cast<const std::byte*>(text), std::char_traits<char>::length(text) + 1};
 }
 
 /// The bytes of `data` as text, up to the first NUL (rdma_cm zero-pads private data).

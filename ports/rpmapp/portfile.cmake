@@ -1,7 +1,9 @@
 # vcpkg overlay port for rpmapp: builds the checkout this port lives in (ports/rpmapp/../..)
 # with Meson. Use: vcpkg install rpmapp --overlay-ports=<checkout>/ports
-# librdmacm and libibverbs come from the system (vcpkg has no rdma-core port):
-# Debian/Ubuntu: apt install librdmacm-dev libibverbs-dev; Fedora: dnf install rdma-core-devel.
+# librdmacm and libibverbs come from the system: Debian/Ubuntu: apt install librdmacm-dev
+# libibverbs-dev; Fedora: dnf install rdma-core-devel. vcpkg's rdma-core port is not
+# declared on purpose: a program must use the same libibverbs as the other RDMA code in its
+# process and a provider matching the machine's kernel (docs/packaging.md, "3. vcpkg").
 
 # Header-only: one configuration is enough, and nothing differs between debug and release.
 set(VCPKG_BUILD_TYPE release)
