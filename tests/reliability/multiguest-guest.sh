@@ -1,0 +1,18 @@
+# Runs in each guest of tests/reliability/run-multiguest (bash, cwd = the shared results
+# directory): the scenarios in order, this guest's role in each (guest 1 the server,
+# guest 2 the client). Per scenario: <s>.<role>.log, <s>.<role>.rc, <s>.<role>.seconds.
+# Environment: MG_INDEX (rpmapp-multiguest), MG_SCENARIOS (the binary), MG_LIST (names).
+role=client
+[ "$MG_INDEX" = 1 ] && role=server
+declare -A bound=([a]=150 [b]=90 [c]=90 [d]=120)
+for s in $MG_LIST; do
+    t0=$EPOCHREALTIME
+    # live through tee: the host stamps each line when it happens
+    timeout -k 5 "${bound[$s]}" "$MG_SCENARIOS" "$s" "$role" 2>&1 | tee "$s.$role.log"
+    rc=${PIPESTATUS[0]}
+    t1=$EPOCHREALTIME
+    echo "$rc" > "$s.$role.rc"
+    printf '%d\n' $(( (${t1/./} - ${t0/./}) / 1000000 )) > "$s.$role.seconds"
+    [ "$rc" = 124 ] && echo "FAIL $s $role: timed out after ${bound[$s]} s"
+done
+exit 0
