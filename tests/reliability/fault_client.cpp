@@ -4,7 +4,9 @@
 // (ConnReq::to or connect returned an error) or gave up (no CM event within TIMEOUT_MS:
 // the client's own bound, e.g. a request the server's full backlog dropped and whose
 // retries went unanswered). Prints one line
-//   fault_client: attempts N established E rejected R unreachable U lost L failed F gave_up G seconds S
+//   fault_client: attempts N established E rejected R unreachable U lost L failed F gave_up G
+//                 slowest T seconds S
+// (T: the longest attempt, in seconds; S: the whole run)
 // and exits 0 when every attempt ended in one of these ways (an attempt never outlives
 // its bound, so the process cannot hang), 1 on a usage or setup error.
 //   fault_client IP PORT ATTEMPTS IN_FLIGHT TIMEOUT_MS
@@ -25,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Attempt {
   rpmapp::Conn conn;
-  Clock::time_point deadline;
+  Clock::time_point start, deadline;
 };
 
 struct Counts {
@@ -83,6 +85,8 @@ int main(int argc, char** argv) {
   long started = 0;
   std::vector<Attempt> active;
   std::vector<pollfd> fds;
+  double slowest = 0;  // seconds of the longest attempt: a request the backlog dropped is
+                       // retried by the IB CM after its response timeout (about 4 s)
   while (counts.ended() < attempts) {
     while (started < attempts && static_cast<long>(active.size()) < in_flight) {
       ++started;
@@ -98,7 +102,7 @@ int main(int argc, char** argv) {
         ++counts.failed;
         continue;
       }
-      active.push_back({std::move(*conn), Clock::now() + timeout});
+      active.push_back({std::move(*conn), Clock::now(), Clock::now() + timeout});
     }
     if (active.empty()) continue;
     fds.clear();
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
         done = true;
       }
       if (done) {
+        slowest = std::max(slowest, std::chrono::duration<double>(now - a.start).count());
         if (auto closed = std::move(a.conn).close(); !closed)
           std::fprintf(stderr, "fault_client: Conn::close: %s\n", closed.error().message().c_str());
         if (i + 1 != active.size()) active[i] = std::move(active.back());
@@ -130,8 +135,8 @@ int main(int argc, char** argv) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("fault_client: attempts %ld established %ld rejected %ld unreachable %ld lost %ld "
-              "failed %ld gave_up %ld seconds %.1f\n",
+              "failed %ld gave_up %ld slowest %.1f seconds %.1f\n",
               attempts, counts.established, counts.rejected, counts.unreachable, counts.lost,
-              counts.failed, counts.gave_up, seconds);
+              counts.failed, counts.gave_up, slowest, seconds);
   return 0;
 }

@@ -3,7 +3,8 @@
 // an endpoint shut down under load, and a hostile peer. Each is bounded, states its
 // expected outcome and checks the kernel resource ledger (ledger.hpp) before and after.
 // Client processes are fault_client (built next to this binary). Needs $SOFTROCE_IP;
-// fails, never skips, without it. Scenario sizes: $RPMAPP_FLOOD_ATTEMPTS (default 200 for CI; 1000 is the long run).
+// fails, never skips, without it. The flood's size: $RPMAPP_FLOOD_ATTEMPTS (default 200,
+// the CI size; 1000 is the documented long run), $RPMAPP_FLOOD_ACCEPT_DELAY_MS (default 5).
 #include "../integration/support.hpp"
 #include "ledger.hpp"
 
@@ -179,7 +180,8 @@ std::map<std::string, double> total(const std::vector<std::unique_ptr<ClientProc
   std::map<std::string, double> sum;
   for (const auto& c : clients)
     for (const auto& [key, value] : c->counts())
-      if (key != "seconds") sum[key] += value;
+      if (key == "slowest") sum[key] = std::max(sum[key], value);
+      else if (key != "seconds") sum[key] += value;
   return sum;
 }
 
@@ -229,7 +231,6 @@ TEST_CASE("a flood of connection attempts from 4 processes against backlog 4 and
   constexpr long processes = 4, in_flight = 4;
   constexpr long attempt_timeout_ms = 60000;
   reliability::open_librdmacm_devices();
-  const Ledger all_before = reliability::ledger_of_all_processes();
   const auto ledger_t0 = Clock::now();
   const Ledger baseline = reliability::ledger_of();
   std::cout << "faults [flood]: one ledger read takes " << seconds_since(ledger_t0) << " s" << std::endl;
@@ -245,6 +246,19 @@ TEST_CASE("a flood of connection attempts from 4 processes against backlog 4 and
     for (long i = 0; i < processes; ++i)
       clients.push_back(std::make_unique<ClientProcess>(ip, port, attempts / processes + (i < attempts % processes),
                                                         in_flight, attempt_timeout_ms, "flood"));
+    // First the server takes nothing: the kernel queues 4 requests and drops the others
+    // (their clients' IB CM sends them again after its response timeout, about 4 s).
+    auto cm_ids = [] { return reliability::detail::count_rdma("cm_id", ::getpid()); };
+    const long listening = cm_ids();
+    long queued = cm_ids();
+    for (const auto until = Clock::now() + 60s; queued < listening + 4 && Clock::now() < until;) {
+      std::this_thread::sleep_for(50ms);
+      queued = cm_ids();
+    }
+    std::this_thread::sleep_for(1s);
+    const long queued_later = cm_ids() - listening;
+    CHECK(queued == listening + 4);
+    CHECK(queued_later == 4);  // the backlog holds: 16 requests in flight, 4 queued
     const auto deadline = Clock::now() + 300s;
     auto all_exited = [&] {
       return std::all_of(clients.begin(), clients.end(), [](auto& c) { return c->poll_exit(); });
@@ -286,7 +300,8 @@ TEST_CASE("a flood of connection attempts from 4 processes against backlog 4 and
     for (const auto& [what, n] : request_errors) errors += what + " x" + std::to_string(n) + "; ";
     std::cout << "faults [flood]: " << attempts << " attempts from " << processes << " processes ("
               << in_flight << " in flight each), backlog 4, accept delay " << accept_delay_ms
-              << " ms: clients saw " << describe(sum) << "| server: requests " << requests
+              << " ms: " << queued_later << " requests queued while the server waited; clients saw "
+              << describe(sum) << "| server: requests " << requests
               << " accepted " << accepted << " rejected " << rejected << " established "
               << server.established << " ended " << server.ended << " left open " << left_open
               << " request errors: " << (errors.empty() ? "none" : errors) << "| "
@@ -304,8 +319,9 @@ TEST_CASE("a flood of connection attempts from 4 processes against backlog 4 and
     CHECK(sum.at("failed") == 0);
     CHECK(sum.at("established") <= static_cast<double>(accepted));
   }
+  // (The other processes' objects: the shutdown case checks them; a ledger read of all
+  // processes costs as much as this process's, about 5 s under TCG.)
   check_ledger_returns(baseline, "the flood's server");
-  check_all_processes_return(all_before, "the flood's clients exited");
 }
 
 // ---------------------------------------------------------------- b. fd exhaustion
@@ -369,7 +385,9 @@ TEST_CASE("fd exhaustion: listen, ConnReq::to and accepting a request fail with 
     Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
     const std::string port = port_text(ep);
     Conn client = start_client(peer, ip, port);  // its request waits at ep
+    std::optional<Conn> second_client;
     REQUIRE(wait_readable(MUST(ep.fd()), event_wait));
+    ConnReq second_req = MUST(ConnReq::to(peer, ip, port));  // connects while fds run out
     const long before_qps = reliability::detail::count_rdma("qp", ::getpid());
     {
       FdExhaustion exhausted;
@@ -377,6 +395,8 @@ TEST_CASE("fd exhaustion: listen, ConnReq::to and accepting a request fail with 
       const auto listen_error = MUST_FAIL(Endpoint::listen(peer, ip, "0"));
       const auto to_error = MUST_FAIL(ConnReq::to(peer, ip, port));
       const auto accept_error = MUST_FAIL(ep.next_conn_req_for(event_wait));
+      // Connecting a request made earlier needs no new fd: it still works.
+      second_client.emplace(MUST(std::move(second_req).connect()));
       exhausted.release();
       std::cout << "faults [fds]: with RLIMIT_NOFILE reached: listen: " << listen_error.message()
                 << " | ConnReq::to: " << to_error.message()
@@ -390,6 +410,12 @@ TEST_CASE("fd exhaustion: listen, ConnReq::to and accepting a request fail with 
     MUST(std::move(client).close());
     // The failed request left no queue pair behind (the client's was the only one).
     CHECK(reliability::detail::count_rdma("qp", ::getpid()) == before_qps - 1);
+    // The request connected during the exhaustion is served once fds are back.
+    Conn second_server = MUST(take_request(ep).connect());
+    establish(*second_client, second_server);
+    disconnect_both(*second_client, second_server);
+    MUST(std::move(*second_client).close());
+    MUST(std::move(second_server).close());
     // Everything works again in the same process.
     Endpoint second = MUST(Endpoint::listen(peer, ip, "0"));
     MUST(std::move(second).shutdown());
