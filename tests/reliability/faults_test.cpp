@@ -1,0 +1,851 @@
+// Single-machine fault scenarios on the real stack (Soft-RoCE in tools/rpmapp-vm): a flood
+// of connection attempts against a small backlog, fd exhaustion, the locked-memory limit,
+// an endpoint shut down under load, and a hostile peer. Each is bounded, states its
+// expected outcome and checks the kernel resource ledger (ledger.hpp) before and after.
+// Client processes are fault_client (built next to this binary). Needs $SOFTROCE_IP;
+// fails, never skips, without it. The flood's size: $RPMAPP_FLOOD_ATTEMPTS (default 200,
+// the CI size; 1000 is the documented long run), $RPMAPP_FLOOD_ACCEPT_DELAY_MS (default 5).
+#include "../integration/support.hpp"
+#include "ledger.hpp"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace itest;
+using rpmapp::Completion;
+using rpmapp::Conn;
+using rpmapp::ConnConfig;
+using rpmapp::ConnEvent;
+using rpmapp::ConnReq;
+using rpmapp::Endpoint;
+using rpmapp::errc;
+using rpmapp::MrLocal;
+using rpmapp::MrRemote;
+using rpmapp::MrUsage;
+using rpmapp::Peer;
+using reliability::Ledger;
+using Clock = std::chrono::steady_clock;
+using Bytes = std::vector<std::byte>;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+long env_number(const char* name, long fallback) {
+  const char* text = std::getenv(name);
+  return text != nullptr && *text != '\0' ? std::stol(text) : fallback;
+}
+
+// The ledger of this process, once it is back at `baseline` (or the last one read after
+// `timeout`); the check names what differs.
+void check_ledger_returns(const Ledger& baseline, const char* when, std::chrono::milliseconds timeout = 10s) {
+  const Ledger after = reliability::wait_for_ledger(baseline, timeout);
+  INFO(when << ": baseline " << baseline.to_string() << ", after " << after.to_string());
+  CHECK(reliability::ledger_diff(baseline, after) == "");
+}
+void check_all_processes_return(const Ledger& before, const char* when) {
+  const Ledger after =
+      reliability::wait_for_ledger(before, 20s, [] { return reliability::ledger_of_all_processes(); });
+  INFO(when << ": all processes before " << before.to_string() << ", after " << after.to_string());
+  CHECK(reliability::ledger_diff(before, after) == "");
+}
+
+// ---------------------------------------------------------------- client processes
+
+// fault_client, next to this executable.
+std::string client_path() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  REQUIRE(n > 0);
+  std::string path(self, static_cast<std::size_t>(n));
+  return path.substr(0, path.rfind('/') + 1) + "fault_client";
+}
+
+// A fault_client process whose output goes to a file; waited for with a bound.
+class ClientProcess {
+ public:
+  ClientProcess(const std::string& ip, std::uint16_t port, long attempts, long in_flight,
+                long timeout_ms, const std::string& name)
+{
+    (void)name;
+    char tmpl[] = "/tmp/fault_client_XXXXXX";
+    const int fd = ::mkstemp(tmpl);
+    REQUIRE(fd >= 0);
+    out_ = tmpl;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fd, STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, fd, STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fd);
+    const std::string exe = client_path();
+    std::vector<std::string> args{exe,
+                                  ip,
+                                  std::to_string(port),
+                                  std::to_string(attempts),
+                                  std::to_string(in_flight),
+                                  std::to_string(timeout_ms)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = ::posix_spawn(&pid_, exe.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(fd);
+    REQUIRE(rc == 0);
+  }
+  ClientProcess(const ClientProcess&) = delete;
+  ~ClientProcess() {
+    if (pid_ > 0) {  // a failed test: do not leave it running
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::unlink(out_.c_str());
+  }
+
+  // True once it exited (status in exit_status()).
+  bool poll_exit() {
+    if (pid_ <= 0) return true;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    status_ = status;
+    pid_ = -1;
+    return true;
+  }
+  // Waits up to `timeout`; kills it and FAILs when it is still running (a hang).
+  void wait(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (!poll_exit()) {
+      if (Clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        FAIL("fault_client hung (still running after " << timeout.count() << " ms): " << output());
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  int exit_status() const { return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_); }
+  std::string output() const {
+    std::ifstream in(out_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  // The counts of its summary line: "established" -> N, ...
+  std::map<std::string, double> counts() const {
+    const std::string text = output();
+    const auto at = text.find("fault_client: attempts ");
+    if (at == std::string::npos) FAIL("fault_client printed no summary: " << text);
+    std::istringstream line(text.substr(at + std::strlen("fault_client: ")));
+    std::map<std::string, double> counts;
+    std::string key;
+    double value = 0;
+    while (line >> key >> value) counts[key] = value;
+    return counts;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = 0;
+  std::string out_;
+};
+
+std::map<std::string, double> total(const std::vector<std::unique_ptr<ClientProcess>>& clients) {
+  std::map<std::string, double> sum;
+  for (const auto& c : clients)
+    for (const auto& [key, value] : c->counts())
+      if (key == "slowest") sum[key] = std::max(sum[key], value);
+      else if (key != "seconds") sum[key] += value;
+  return sum;
+}
+
+std::string describe(const std::map<std::string, double>& counts) {
+  std::string text;
+  for (const auto& [key, value] : counts) text += key + " " + std::to_string(static_cast<long>(value)) + " ";
+  return text;
+}
+
+ConnConfig small_queues() {
+  ConnConfig config;
+  config.cq_size = config.sq_size = config.rq_size = 1;
+  return config;
+}
+
+// Server-side connections: each is closed once its connection has ended.
+struct ServerConns {
+  std::vector<Conn> conns;
+  long established = 0, ended = 0;
+
+  void poll_events() {
+    for (std::size_t i = conns.size(); i-- > 0;) {
+      auto event = conns[i].try_next_event();
+      if (event && *event == ConnEvent::established) {
+        ++established;
+        continue;
+      }
+      if (!event && event.error().code() == errc::no_event) continue;
+      // closed, lost, rejected, unreachable or an error: this connection is over.
+      if (event && *event == ConnEvent::closed) (void)conns[i].disconnect();
+      ++ended;
+      MUST(std::move(conns[i]).close());
+      if (i + 1 != conns.size()) conns[i] = std::move(conns.back());
+      conns.pop_back();
+    }
+  }
+};
+
+// ---------------------------------------------------------------- a. connection flood
+
+TEST_CASE("a flood of connection attempts from 4 processes against backlog 4 and a slow "
+          "server: every attempt ends, no client hangs, nothing leaks",
+          "[flood]") {
+  const std::string ip = ip1();
+  const long attempts = env_number("RPMAPP_FLOOD_ATTEMPTS", 200);
+  const long accept_delay_ms = env_number("RPMAPP_FLOOD_ACCEPT_DELAY_MS", 5);
+  constexpr long processes = 4, in_flight = 4;
+  constexpr long attempt_timeout_ms = 60000;
+  reliability::open_librdmacm_devices();
+  const auto ledger_t0 = Clock::now();
+  const Ledger baseline = reliability::ledger_of();
+  std::cout << "faults [flood]: one ledger read takes " << seconds_since(ledger_t0) << " s" << std::endl;
+  const auto t0 = Clock::now();
+  long requests = 0, accepted = 0, rejected = 0;
+  std::map<std::string, long> request_errors;
+  ServerConns server;
+  {
+    Peer peer = local_peer(ip);
+    Endpoint ep = MUST(Endpoint::listen(peer, ip, "0", rpmapp::ListenOptions{4}));
+    const std::uint16_t port = MUST(ep.port());
+    std::vector<std::unique_ptr<ClientProcess>> clients;
+    for (long i = 0; i < processes; ++i)
+      clients.push_back(std::make_unique<ClientProcess>(ip, port, attempts / processes + (i < attempts % processes),
+                                                        in_flight, attempt_timeout_ms, "flood"));
+    // First the server takes nothing: the kernel queues 4 requests and drops the others
+    // (their clients' IB CM sends them again after its response timeout, about 4 s).
+    auto cm_ids = [] { return reliability::detail::count_rdma("cm_id", ::getpid()); };
+    const long listening = cm_ids();
+    long queued = cm_ids();
+    for (const auto until = Clock::now() + 60s; queued < listening + 4 && Clock::now() < until;) {
+      std::this_thread::sleep_for(50ms);
+      queued = cm_ids();
+    }
+    std::this_thread::sleep_for(1s);
+    const long queued_later = cm_ids() - listening;
+    CHECK(queued == listening + 4);
+    CHECK(queued_later == 4);  // the backlog holds: 16 requests in flight, 4 queued
+    const auto deadline = Clock::now() + 300s;
+    auto all_exited = [&] {
+      return std::all_of(clients.begin(), clients.end(), [](auto& c) { return c->poll_exit(); });
+    };
+    while (!all_exited()) {
+      if (Clock::now() > deadline) FAIL("the clients did not finish within 300 s");
+      auto req = ep.next_conn_req_for(20ms, small_queues());
+      if (req) {
+        ++requests;
+        std::this_thread::sleep_for(std::chrono::milliseconds(accept_delay_ms));  // a slow server
+        if (requests % 4 == 0) {
+          MUST(std::move(*req).reject(rpmapp::as_bytes("busy")));
+          ++rejected;
+        } else if (auto conn = std::move(*req).connect(); conn) {
+          server.conns.push_back(std::move(*conn));
+          ++accepted;
+        } else {
+          ++request_errors[std::string(conn.error().call()) + " " + std::to_string(conn.error().sys_errno())];
+        }
+      } else if (req.error().code() != errc::no_event) {
+        // A request whose client gave up fails on its way (documented: rdma_create_qp).
+        ++request_errors[std::string(req.error().call()) + " " + std::to_string(req.error().sys_errno())];
+      }
+      server.poll_events();
+    }
+    // The clients are gone: their connections end (closed) within a bound.
+    const auto drain_deadline = Clock::now() + 20s;
+    while (!server.conns.empty() && Clock::now() < drain_deadline) {
+      server.poll_events();
+      std::this_thread::sleep_for(10ms);
+    }
+    const long left_open = static_cast<long>(server.conns.size());
+    for (auto& c : server.conns) MUST(std::move(c).close());
+    server.conns.clear();
+    MUST(std::move(ep).shutdown());
+
+    const auto sum = total(clients);
+    std::string errors;
+    for (const auto& [what, n] : request_errors) errors += what + " x" + std::to_string(n) + "; ";
+    std::cout << "faults [flood]: " << attempts << " attempts from " << processes << " processes ("
+              << in_flight << " in flight each), backlog 4, accept delay " << accept_delay_ms
+              << " ms: " << queued_later << " requests queued while the server waited; clients saw "
+              << describe(sum) << "| server: requests " << requests
+              << " accepted " << accepted << " rejected " << rejected << " established "
+              << server.established << " ended " << server.ended << " left open " << left_open
+              << " request errors: " << (errors.empty() ? "none" : errors) << "| "
+              << seconds_since(t0) << " s" << std::endl;
+    for (const auto& c : clients) {
+      INFO(c->output());
+      CHECK(c->exit_status() == 0);
+    }
+    CHECK(sum.at("attempts") == attempts);
+    CHECK(sum.at("established") + sum.at("rejected") + sum.at("unreachable") + sum.at("lost") +
+              sum.at("failed") + sum.at("gave_up") ==
+          attempts);
+    CHECK(sum.at("established") > 0);
+    CHECK(sum.at("rejected") > 0);
+    CHECK(sum.at("failed") == 0);
+    CHECK(sum.at("established") <= static_cast<double>(accepted));
+  }
+  // (The other processes' objects: the shutdown case checks them; a ledger read of all
+  // processes costs as much as this process's, about 5 s under TCG.)
+  check_ledger_returns(baseline, "the flood's server");
+}
+
+// ---------------------------------------------------------------- b. fd exhaustion
+
+// Lowers RLIMIT_NOFILE and opens /dev/null until EMFILE; gives everything back when gone.
+class FdExhaustion {
+ public:
+  FdExhaustion() {
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &old_) == 0);
+    int highest = 0;
+    for (int fd = 0; fd < 4096; ++fd)
+      if (::fcntl(fd, F_GETFD) != -1) highest = fd;
+    rlimit small = old_;
+    small.rlim_cur = static_cast<rlim_t>(highest + 16);  // small: a few fds left, taken below
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &small) == 0);
+    for (;;) {
+      const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        REQUIRE(errno == EMFILE);
+        break;
+      }
+      hog_.push_back(fd);
+    }
+  }
+  FdExhaustion(const FdExhaustion&) = delete;
+  ~FdExhaustion() { release(); }
+  void release() {
+    for (int fd : hog_) ::close(fd);
+    hog_.clear();
+    ::setrlimit(RLIMIT_NOFILE, &old_);
+  }
+  std::size_t taken() const { return hog_.size(); }
+
+ private:
+  rlimit old_{};
+  std::vector<int> hog_;
+};
+
+void check_emfile(const rpmapp::Error& e, const char* what) {
+  INFO(what << ": " << e.message());
+  CHECK(e.code() == errc::provider);
+  CHECK(e.sys_errno() == EMFILE);
+  CHECK(e.message().find(std::strerror(EMFILE)) != std::string::npos);
+  CHECK(e.message().find("(errno " + std::to_string(EMFILE) + ")") != std::string::npos);
+  CHECK_FALSE(e.call().empty());
+}
+
+bool wait_readable(int fd, std::chrono::milliseconds timeout) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
+}
+
+TEST_CASE("fd exhaustion: listen, ConnReq::to and accepting a request fail with EMFILE, lose "
+          "nothing, and work again once fds are freed",
+          "[fds]") {
+  const std::string ip = ip1();
+  reliability::open_librdmacm_devices();
+  const Ledger baseline = reliability::ledger_of();
+  {
+    Peer peer = local_peer(ip);
+    Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+    const std::string port = port_text(ep);
+    Conn client = start_client(peer, ip, port);  // its request waits at ep
+    std::optional<Conn> second_client;
+    REQUIRE(wait_readable(MUST(ep.fd()), event_wait));
+    ConnReq second_req = MUST(ConnReq::to(peer, ip, port));  // connects while fds run out
+    const long before_qps = reliability::detail::count_rdma("qp", ::getpid());
+    {
+      FdExhaustion exhausted;
+      INFO("fds taken to reach RLIMIT_NOFILE: " << exhausted.taken());
+      const auto listen_error = MUST_FAIL(Endpoint::listen(peer, ip, "0"));
+      const auto to_error = MUST_FAIL(ConnReq::to(peer, ip, port));
+      const auto accept_error = MUST_FAIL(ep.next_conn_req_for(event_wait));
+      // Connecting a request made earlier needs no new fd: it still works.
+      second_client.emplace(MUST(std::move(second_req).connect()));
+      exhausted.release();
+      std::cout << "faults [fds]: with RLIMIT_NOFILE reached: listen: " << listen_error.message()
+                << " | ConnReq::to: " << to_error.message()
+                << " | Endpoint::next_conn_req_for: " << accept_error.message() << std::endl;
+      check_emfile(listen_error, "Endpoint::listen");
+      check_emfile(to_error, "ConnReq::to");
+      check_emfile(accept_error, "Endpoint::next_conn_req_for");
+    }
+    // The request that could not be accepted was rejected, and nothing it made is left.
+    CHECK(wait_event(client, "client whose request failed") == ConnEvent::rejected);
+    MUST(std::move(client).close());
+    // The failed request left no queue pair behind (the client's was the only one).
+    CHECK(reliability::detail::count_rdma("qp", ::getpid()) == before_qps - 1);
+    // The request connected during the exhaustion is served once fds are back.
+    Conn second_server = MUST(take_request(ep).connect());
+    establish(*second_client, second_server);
+    disconnect_both(*second_client, second_server);
+    MUST(std::move(*second_client).close());
+    MUST(std::move(second_server).close());
+    // Everything works again in the same process.
+    Endpoint second = MUST(Endpoint::listen(peer, ip, "0"));
+    MUST(std::move(second).shutdown());
+    Conn again = start_client(peer, ip, port);
+    Conn accepted = MUST(take_request(ep).connect());
+    establish(again, accepted);
+    disconnect_both(again, accepted);
+    MUST(std::move(again).close());
+    MUST(std::move(accepted).close());
+    MUST(std::move(ep).shutdown());
+  }
+  check_ledger_returns(baseline, "after fd exhaustion");
+}
+
+// ---------------------------------------------------------------- c. locked memory
+
+// This thread's effective capability set without CAP_IPC_LOCK (root ignores
+// RLIMIT_MEMLOCK with it); restored when gone. Capabilities are per thread.
+class WithoutIpcLock {
+ public:
+  WithoutIpcLock() {
+    header_.version = _LINUX_CAPABILITY_VERSION_3;
+    REQUIRE(::syscall(SYS_capget, &header_, old_.data()) == 0);
+    had_ = (old_[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
+    auto dropped = old_;
+    dropped[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    REQUIRE(::syscall(SYS_capset, &header_, dropped.data()) == 0);
+  }
+  WithoutIpcLock(const WithoutIpcLock&) = delete;
+  ~WithoutIpcLock() { ::syscall(SYS_capset, &header_, old_.data()); }
+  bool had() const { return had_; }
+
+ private:
+  __user_cap_header_struct header_{};
+  std::array<__user_cap_data_struct, 2> old_{};
+  bool had_ = false;
+};
+
+class MemlockLimit {
+ public:
+  explicit MemlockLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_MEMLOCK, &old_) == 0);
+    rlimit small = old_;
+    small.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_MEMLOCK, &small) == 0);
+  }
+  MemlockLimit(const MemlockLimit&) = delete;
+  ~MemlockLimit() { ::setrlimit(RLIMIT_MEMLOCK, &old_); }
+
+ private:
+  rlimit old_{};
+};
+
+// What the locked-memory scenario saw in its thread (Catch2's assertions belong to the
+// main thread).
+struct MemlockOutcome {
+  bool had_cap = false;
+  bool registered_with_cap = false;
+  std::optional<rpmapp::Error> over_limit, within_limit, after_raise;
+};
+
+TEST_CASE("the locked-memory limit: registration beyond it fails with the kernel's errno "
+          "named, leaks nothing, and works once the limit is raised",
+          "[memlock]") {
+  const std::string ip = ip1();
+  constexpr std::size_t region = 1024 * 1024;
+  constexpr rlim_t limit = 64 * 1024;
+  reliability::open_librdmacm_devices();
+  Peer peer = local_peer(ip);
+  std::vector<std::byte> memory(region);
+  const Ledger baseline = reliability::ledger_of();
+  const auto usage = MrUsage::read_src | MrUsage::write_dst;
+  // In its own thread: capabilities are per thread, and a thread whose credentials changed
+  // may no longer write() to the verbs fds opened before (the kernel's
+  // ib_safe_file_access: EACCES from ibv_post_send), so the main thread keeps its own.
+  MemlockOutcome out;
+  auto error_of = [](const rpmapp::expected<MrLocal>& r) -> std::optional<rpmapp::Error> {
+    if (r) return std::nullopt;
+    return r.error();
+  };
+  std::thread([&] {
+    {
+      MemlockLimit small(limit);
+      out.registered_with_cap = MrLocal::reg(peer, memory.data(), region, usage).has_value();
+      WithoutIpcLock no_cap;
+      out.had_cap = no_cap.had();
+      out.over_limit = error_of(MrLocal::reg(peer, memory.data(), region, usage));
+      out.within_limit = error_of(MrLocal::reg(peer, memory.data(), 4096, usage));
+    }
+    WithoutIpcLock no_cap;  // the limit raised back, still without the capability
+    out.after_raise = error_of(MrLocal::reg(peer, memory.data(), region, usage));
+  }).join();
+  std::cout << "faults [memlock]: uid " << ::getuid() << ", CAP_IPC_LOCK effective "
+            << (out.had_cap ? "yes" : "no") << "; a 1 MiB registration over a 64 KiB limit "
+            << (out.registered_with_cap ? "succeeds" : "fails") << " with it; without it: "
+            << (out.over_limit ? out.over_limit->message() : std::string("it succeeded")) << std::endl;
+  if (out.had_cap) CHECK(out.registered_with_cap);
+  REQUIRE(out.over_limit.has_value());
+  const rpmapp::Error& e = *out.over_limit;
+  INFO(e.message());
+  CHECK((e.sys_errno() == ENOMEM || e.sys_errno() == EPERM));
+  CHECK(e.code() == (e.sys_errno() == ENOMEM ? errc::nomem : errc::provider));
+  CHECK(e.call() == "ibv_reg_mr");
+  CHECK(e.message().find(std::strerror(e.sys_errno())) != std::string::npos);
+  CHECK_FALSE(out.within_limit.has_value());
+  CHECK_FALSE(out.after_raise.has_value());
+  check_ledger_returns(baseline, "after the locked-memory limit");
+}
+
+// ---------------------------------------------------------------- d. shutdown under load
+
+TEST_CASE("endpoint shutdown with 16 requests pending while clients keep coming: it returns, "
+          "every client is rejected or unreachable, nothing leaks",
+          "[shutdown]") {
+  const std::string ip = ip1();
+  constexpr long pending = 16, later_attempts = 60;
+  reliability::open_librdmacm_devices();
+  const Ledger all_before = reliability::ledger_of_all_processes();
+  const Ledger baseline = reliability::ledger_of();
+  std::optional<Peer> peer(local_peer(ip));
+  Endpoint ep = MUST(Endpoint::listen(*peer, ip, "0"));
+  const std::uint16_t port = MUST(ep.port());
+  // Cheap reads of one kind while waiting (a whole ledger is 7 runs of `rdma`).
+  auto cm_ids = [] { return reliability::detail::count_rdma("cm_id", ::getpid()); };
+  const long listening = cm_ids();
+  std::vector<std::unique_ptr<ClientProcess>> first, later;
+  first.push_back(std::make_unique<ClientProcess>(ip, port, pending, pending, 30000, "pending"));
+  // The kernel counts a pending request's cm_id for the listening process.
+  long with_pending = cm_ids();
+  for (const auto deadline = Clock::now() + 30s; with_pending != listening + pending && Clock::now() < deadline;) {
+    std::this_thread::sleep_for(50ms);
+    with_pending = cm_ids();
+  }
+  INFO("cm_ids listening " << listening << ", with the requests " << with_pending);
+  REQUIRE(with_pending == listening + pending);
+  later.push_back(std::make_unique<ClientProcess>(ip, port, later_attempts, 4, 30000, "later"));
+  std::this_thread::sleep_for(300ms);  // the later clients are mid-flight
+  const auto t0 = Clock::now();
+  MUST(std::move(ep).shutdown());
+  const double shutdown_s = seconds_since(t0);
+  // A client arriving now fails cleanly.
+  std::optional<Peer> client_peer(local_peer(ip));
+  Conn late = start_client(*client_peer, ip, std::to_string(port));
+  const ConnEvent late_event = wait_event(late, "client after shutdown");
+  CHECK((late_event == ConnEvent::rejected || late_event == ConnEvent::unreachable));
+  MUST(std::move(late).close());
+  for (auto& c : first) c->wait(60s);
+  for (auto& c : later) c->wait(60s);
+  const auto first_sum = total(first), later_sum = total(later);
+  std::cout << "faults [shutdown]: shutdown with " << pending << " pending took " << shutdown_s
+            << " s; the pending clients saw " << describe(first_sum) << "; the " << later_attempts
+            << " later attempts saw " << describe(later_sum) << "; a client after it saw "
+            << rpmapp::to_string(late_event) << std::endl;
+  for (auto* group : {&first, &later})
+    for (const auto& c : *group) {
+      INFO(c->output());
+      CHECK(c->exit_status() == 0);
+    }
+  CHECK(shutdown_s < 10);
+  CHECK(first_sum.at("rejected") == pending);
+  CHECK(later_sum.at("established") == 0);
+  CHECK(later_sum.at("gave_up") == 0);
+  CHECK(later_sum.at("failed") == 0);
+  CHECK(later_sum.at("rejected") + later_sum.at("unreachable") == later_attempts);
+  client_peer.reset();
+  peer.reset();
+  check_ledger_returns(baseline, "after the shutdown");
+  check_all_processes_return(all_before, "the shutdown's clients exited");
+}
+
+// ---------------------------------------------------------------- e. a hostile peer
+
+// Pseudo-random bytes from a fixed seed.
+Bytes random_bytes(std::size_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  Bytes out(n);
+  for (auto& b : out) b = static_cast<std::byte>(gen());
+  return out;
+}
+
+// The test server's protocol: a client's private data is its region's descriptor
+// (MrRemote::from_descriptor) followed by its PeerConfig's. Returns the first parse error.
+std::optional<rpmapp::Error> parse_client_data(std::span<const std::byte> data, std::size_t descriptor_len) {
+  if (descriptor_len + 1 > data.size()) descriptor_len = data.size() > 0 ? data.size() - 1 : 0;
+  auto remote = MrRemote::from_descriptor(data.first(descriptor_len));
+  if (!remote) return remote.error();
+  auto config = rpmapp::PeerConfig::from_descriptor(data.subspan(descriptor_len, 1));
+  if (!config) return config.error();
+  return std::nullopt;
+}
+
+Bytes descriptor_of(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey, std::uint8_t usage) {
+  Bytes d(rpmapp::mr_descriptor_size);
+  for (int i = 0; i < 8; ++i) d[i] = static_cast<std::byte>(addr >> (8 * i));
+  for (int i = 0; i < 8; ++i) d[8 + i] = static_cast<std::byte>(len >> (8 * i));
+  for (int i = 0; i < 4; ++i) d[16 + i] = static_cast<std::byte>(rkey >> (8 * i));
+  d[20] = static_cast<std::byte>(usage);
+  return d;
+}
+
+TEST_CASE("a hostile peer: garbage or malformed private data and messages are refused with "
+          "inval, a silent client is dropped, nothing leaks",
+          "[hostile]") {
+  const std::string ip = ip1();
+  reliability::open_librdmacm_devices();
+  const Ledger baseline = reliability::ledger_of();
+  {
+    Peer server_peer = local_peer(ip);
+    Peer client_peer = local_peer(ip);
+    Endpoint ep = MUST(Endpoint::listen(server_peer, ip, "0"));
+    const std::string port = port_text(ep);
+
+    struct Case {
+      const char* name;
+      Bytes data;
+      std::size_t descriptor_len;  // how many bytes the server takes as the descriptor
+    };
+    auto with_config = [](Bytes d, std::uint8_t config) {
+      d.push_back(static_cast<std::byte>(config));
+      return d;
+    };
+    Bytes garbage = random_bytes(rpmapp::max_connect_private_data, 11);
+    garbage[20] = std::byte{0};  // whatever the rest, a usage byte of 0 is refused
+    Bytes garbage_config = random_bytes(rpmapp::max_connect_private_data, 12);
+    garbage_config[20] = std::byte{0x09};
+    garbage_config[21] = std::byte{0xa7};
+    std::vector<Case> cases{
+        {"zero-size private data", {}, rpmapp::mr_descriptor_size},
+        {"random bytes, max size", garbage, rpmapp::mr_descriptor_size},
+        {"random descriptor, bad peer configuration byte", garbage_config, rpmapp::mr_descriptor_size},
+        {"descriptor too short (20 bytes)", with_config(descriptor_of(0x1000, 64, 7, 0x09), 0), 20},
+        {"descriptor of another version (24 bytes)", with_config(descriptor_of(0x1000, 64, 7, 0x09), 0), 24},
+        {"length 0", with_config(descriptor_of(0x1000, 0, 7, 0x09), 0), rpmapp::mr_descriptor_size},
+        {"address + length overflows", with_config(descriptor_of(~0ull - 10, 64, 7, 0x09), 0),
+         rpmapp::mr_descriptor_size},
+        {"no usage", with_config(descriptor_of(0x1000, 64, 7, 0), 0), rpmapp::mr_descriptor_size},
+        {"peer configuration byte 2", with_config(descriptor_of(0x1000, 64, 7, 0x09), 2),
+         rpmapp::mr_descriptor_size},
+    };
+    for (const auto& c : cases) {
+      INFO("case: " << c.name);
+      Conn client = start_client(client_peer, ip, port,
+                                 std::string_view(reinterpret_cast<const char*>(c.data.data()), c.data.size()));
+      ConnReq req = take_request(ep);
+      const auto data = MUST(req.private_data());
+      REQUIRE(data.size() == rpmapp::max_connect_private_data);  // rdma_cm pads it
+      const auto error = parse_client_data(data, c.descriptor_len);
+      REQUIRE(error.has_value());
+      CHECK(error->code() == errc::inval);
+      CHECK_FALSE(error->reason().empty());
+      const std::string reason = error->message().substr(0, rpmapp::max_reject_private_data);
+      MUST(std::move(req).reject(rpmapp::as_bytes(reason)));
+      CHECK(wait_event(client, "hostile client") == ConnEvent::rejected);
+      CHECK(rpmapp::as_text(MUST(client.private_data())) == reason);
+      std::cout << "faults [hostile]: " << c.name << ": rejected: " << reason << std::endl;
+      MUST(std::move(client).close());
+    }
+    {  // Too much private data never leaves the client.
+      auto req = MUST(ConnReq::to(client_peer, ip, port));
+      const Bytes too_long(rpmapp::max_connect_private_data + 1);
+      auto refused = std::move(req).connect(too_long);
+      const auto e = MUST_FAIL(refused);
+      CHECK(e.code() == errc::inval);
+      MUST(std::move(req).close());
+      CHECK(MUST_FAIL(ep.next_conn_req_for(200ms)).code() == errc::no_event);
+    }
+
+    // A message where the server parses a descriptor: garbage of each size is inval, and
+    // the server drops the connection; a client that never sends anything is dropped after
+    // the server's bound.
+    Bytes server_rx(64);
+    MrLocal rx = MUST(MrLocal::reg(server_peer, server_rx, MrUsage::recv));
+    Bytes client_tx(64);
+    MrLocal tx = MUST(MrLocal::reg(client_peer, client_tx, MrUsage::send));
+    struct Message {
+      const char* name;
+      Bytes bytes;  // empty: the client stays silent
+      bool silent;
+    };
+    Bytes no_usage = descriptor_of(0x1000, 64, 7, 0);
+    std::vector<Message> messages{
+        {"an empty message", {}, false},
+        {"a descriptor with no usage", no_usage, false},
+        {"64 random bytes", random_bytes(64, 13), false},
+        {"a client that never speaks", {}, true},
+    };
+    for (const auto& m : messages) {
+      INFO("message case: " << m.name);
+      std::fill(server_rx.begin(), server_rx.end(), std::byte{0x5a});
+      Conn client = start_client(client_peer, ip, port);
+      ConnReq req = take_request(ep);
+      MUST(req.recv(rx, 0, server_rx.size(), 0x51));
+      Conn server = MUST(std::move(req).connect());
+      establish(client, server);
+      if (!m.silent) {
+        std::copy(m.bytes.begin(), m.bytes.end(), client_tx.begin());
+        MUST(client.send(tx, 0, m.bytes.size(), Completion::always, 0xc1));
+        std::array<ibv_wc, 1> wc{};
+        auto sent = MUST(MUST(client.cq()).next_for(wc, event_wait));
+        REQUIRE(sent.size() == 1);
+        MUST(rpmapp::check(wc[0]));
+      }
+      std::array<ibv_wc, 1> wc{};
+      const auto t0 = Clock::now();
+      auto got = MUST(server.cq()).next_for(wc, 1s);  // the server's bound for a first message
+      std::string outcome;
+      if (m.silent) {
+        CHECK(MUST_FAIL(got).code() == errc::no_completion);
+        outcome = "no message within 1 s (" + std::to_string(seconds_since(t0)) + " s)";
+      } else {
+        REQUIRE(got);
+        REQUIRE(got->size() == 1);
+        MUST(rpmapp::check(wc[0]));
+        CHECK(wc[0].byte_len == m.bytes.size());
+        const auto e = MUST_FAIL(MrRemote::from_descriptor(std::span(server_rx).first(wc[0].byte_len)));
+        CHECK(e.code() == errc::inval);
+        outcome = e.message();
+      }
+      // The server refuses: it disconnects; the client sees closed.
+      MUST(server.disconnect());
+      CHECK(wait_event(client, "hostile client") == ConnEvent::closed);
+      MUST(client.disconnect());
+      CHECK(wait_event(server, "server") == ConnEvent::closed);
+      std::cout << "faults [hostile]: " << m.name << ": dropped: " << outcome << std::endl;
+      MUST(std::move(client).close());
+      MUST(std::move(server).close());
+    }
+    MUST(std::move(rx).dereg());
+    MUST(std::move(tx).dereg());
+    MUST(std::move(ep).shutdown());
+  }
+  check_ledger_returns(baseline, "after the hostile peer");
+}
+
+TEST_CASE("a hostile peer: a lying memory descriptor never reaches outside the registered "
+          "region (inval before posting, or a remote access error)",
+          "[hostile][descriptor]") {
+  const std::string ip = ip1();
+  constexpr std::size_t guard = 4096, region = 4096;
+  reliability::open_librdmacm_devices();
+  const Ledger baseline = reliability::ledger_of();
+  {
+    Peer server_peer = local_peer(ip);
+    Peer client_peer = local_peer(ip);
+    Endpoint ep = MUST(Endpoint::listen(server_peer, ip, "0"));
+    const std::string port = port_text(ep);
+    // The server's buffer: a guard, the registered region, a guard.
+    Bytes server_mem = random_bytes(guard + region + guard, 21);
+    const Bytes server_before = server_mem;
+    MrLocal server_mr = MUST(MrLocal::reg(server_peer, server_mem.data() + guard, region,
+                                          MrUsage::read_src | MrUsage::write_dst));
+    Bytes client_mem = random_bytes(2 * region, 22);
+    MrLocal client_mr = MUST(MrLocal::reg(client_peer, client_mem, MrUsage::read_dst | MrUsage::write_src));
+    const rpmapp::MrDescriptor real = MUST(server_mr.descriptor());
+    const std::uint64_t addr = MUST(MrRemote::from_descriptor(real)).address();
+    const std::uint32_t rkey = MUST(MrRemote::from_descriptor(real)).rkey();
+    constexpr std::uint8_t usage = 0x01 | 0x08;  // read_src | write_dst
+
+    enum class Op { write, read };
+    struct Lie {
+      const char* name;
+      Bytes descriptor;
+      Op op;
+      std::size_t offset, len;
+      bool refused_before_posting;
+    };
+    std::vector<Lie> lies{
+        {"length larger than registered: write past its end", descriptor_of(addr, region + guard, rkey, usage),
+         Op::write, region, 64, false},
+        {"length larger than registered: read past its end", descriptor_of(addr, region + guard, rkey, usage),
+         Op::read, region, 64, false},
+        {"huge length: read 1 TiB in", descriptor_of(addr, 1ull << 48, rkey, usage), Op::read, 1ull << 40,
+         64, false},
+        {"address below the region: write to the guard", descriptor_of(addr - guard, region + guard, rkey, usage),
+         Op::write, 0, 64, false},
+        {"wrong rkey", descriptor_of(addr, region, rkey ^ 0x5a5a00, usage), Op::write, 0, 64, false},
+        {"usage without write_dst: write", descriptor_of(addr, region, rkey, 0x01), Op::write, 0, 64, true},
+        {"usage without read_src: read", descriptor_of(addr, region, rkey, 0x08), Op::read, 0, 64, true},
+        {"write past the claimed length", descriptor_of(addr, region, rkey, usage), Op::write, region - 8,
+         64, true},
+        {"read of more than 4 GiB", descriptor_of(addr, 1ull << 48, rkey, usage), Op::read, 0,
+         (1ull << 32) + 1, true},
+    };
+    for (const auto& lie : lies) {
+      INFO("lie: " << lie.name);
+      Conn client = start_client(client_peer, ip, port);
+      Conn server = MUST(take_request(ep).connect(real));
+      establish(client, server);
+      // The client's copy of the server's descriptor, replaced by the lie.
+      REQUIRE(MUST(client.private_data()).first(rpmapp::mr_descriptor_size).size() == rpmapp::mr_descriptor_size);
+      const MrRemote remote = MUST(MrRemote::from_descriptor(lie.descriptor));
+      auto posted = lie.op == Op::write
+                        ? client.write(remote, lie.offset, client_mr, 0, std::min<std::size_t>(lie.len, region),
+                                       Completion::always, 0xbad)
+                        : client.read(client_mr, 0, remote, lie.offset, lie.len, Completion::always, 0xbad);
+      std::string outcome;
+      if (lie.refused_before_posting) {
+        const auto e = MUST_FAIL(posted);
+        CHECK(e.code() == errc::inval);
+        outcome = "refused: " + e.message();
+        std::array<ibv_wc, 1> wc{};
+        CHECK(MUST_FAIL(MUST(client.cq()).next_for(wc, 200ms)).code() == errc::no_completion);
+      } else {
+        MUST(posted);
+        std::array<ibv_wc, 1> wc{};
+        auto got = MUST(client.cq()).next_for(wc, event_wait);
+        REQUIRE(got);
+        REQUIRE(got->size() == 1);
+        CHECK(wc[0].wr_id == 0xbad);
+        CHECK(rpmapp::to_string(wc[0].status) == rpmapp::to_string(IBV_WC_REM_ACCESS_ERR));
+        outcome = "completion: " + std::string(rpmapp::to_string(wc[0].status));
+      }
+      std::cout << "faults [hostile]: descriptor lie: " << lie.name << ": " << outcome << std::endl;
+      CHECK(std::memcmp(server_mem.data(), server_before.data(), server_mem.size()) == 0);
+      MUST(client.disconnect());
+      // A queue pair in error may not carry the DREQ: bound the server's wait, then close.
+      (void)server.next_event_for(event_wait);
+      (void)server.disconnect();
+      MUST(std::move(client).close());
+      MUST(std::move(server).close());
+    }
+    // Guards and region exactly as they were.
+    CHECK(std::memcmp(server_mem.data(), server_before.data(), guard) == 0);
+    CHECK(std::memcmp(server_mem.data() + guard + region, server_before.data() + guard + region, guard) == 0);
+    CHECK(std::memcmp(server_mem.data() + guard, server_before.data() + guard, region) == 0);
+    MUST(std::move(server_mr).dereg());
+    MUST(std::move(client_mr).dereg());
+    MUST(std::move(ep).shutdown());
+  }
+  check_ledger_returns(baseline, "after the lying descriptors");
+}
+
+}  // namespace
