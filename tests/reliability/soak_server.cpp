@@ -235,6 +235,9 @@ int main(int argc, char** argv) {
     return false;
   };
   if (!start_listening()) return 1;
+#if defined(__SANITIZE_ADDRESS__)
+  fmt::print("built with AddressSanitizer\n");  // the driver allows for its allocator's growth
+#endif
   fmt::print("listening on {} port {}\n", addr, port);
   std::fflush(stdout);
 
