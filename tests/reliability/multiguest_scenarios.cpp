@@ -7,7 +7,7 @@
 // Prints "PASS <scenario> <role>: ..." or "FAIL <scenario> <role>: ..." (exit 0 / 1) and
 // "MEASURE scenario=<s> role=<r> <key>=<value>" lines. Every wait is bounded; a failing
 // side writes <scenario>.abort so that the other stops waiting. See
-// docs/reliability-multiguest.md for what each scenario expects.
+// docs/reliability.md for what each scenario expects.
 #include "ledger.hpp"
 
 #include <rpmapp/rpmapp.hpp>

@@ -233,7 +233,7 @@ TEST_CASE("first error wins: cleanup failures after a failure", "[regression]") 
   fake.expect_clean();
 }
 
-// Found by fuzzing (tests/fuzz, docs/reliability-fuzz.md).
+// Found by fuzzing (tests/fuzz, docs/reliability.md).
 
 TEST_CASE("fuzz address: a NUL inside an address was accepted as the text before it",
           "[regression]") {
