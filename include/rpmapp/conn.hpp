@@ -26,7 +26,10 @@ enum class ConnEvent {
   closed,       ///< the peer or we disconnected: reported once per connection, for the
                 ///< first of DISCONNECTED and TIMEWAIT_EXIT (the other is acknowledged and
                 ///< not reported)
-  lost,         ///< the connection failed or its device went away (CONNECT_ERROR, DEVICE_REMOVAL)
+  lost,         ///< the connection failed or its device went away (CONNECT_ERROR,
+                ///< DEVICE_REMOVAL), or the peer stopped answering: a work request of this
+                ///< connection completed with IBV_WC_RETRY_EXC_ERR (rdma_cm itself reports
+                ///< nothing while a link is down). Reported once; later events still come.
   rejected,     ///< the peer rejected the request; private_data() has its reject data
   unreachable,  ///< the peer did not answer (UNREACHABLE). On an established connection
                 ///< this can be transient (seen on rxe while a link was down): not always fatal.
@@ -87,6 +90,12 @@ inline expected<std::optional<ConnEvent>> take_conn_event(const char* call, Conn
 /// taken: a swallowed second end-of-connection event does not extend the caller's bound.
 inline expected<ConnEvent> next_conn_event(const char* call, ConnectionCore& core,
                                            const Deadline& deadline) noexcept {
+  if (core.path.failed.load(std::memory_order_relaxed) && !core.lost_reported) {
+    core.lost_reported = true;
+    log(LogLevel::notice, call, Error(errc::provider, 0, "ibv_poll_cq",
+                                      "a work request failed with retry exceeded: the peer stopped answering"));
+    return ConnEvent::lost;
+  }
   for (;;) {
     auto event = take_conn_event(call, core, deadline);
     if (!event) return fail(event.error());
@@ -126,6 +135,10 @@ class Conn {
   /// and the second is acknowledged, not reported, and the call goes on waiting. After
   /// closed nothing more is reported: next_event() would wait forever. A signal does not
   /// interrupt a wait; it is retried.
+  /// ConnEvent::lost is also reported (once, before any event rdma_cm has queued) after a
+  /// completion of this connection's queues was read with IBV_WC_RETRY_EXC_ERR: by
+  /// Cq::get/next on cq() or its own rcq(), wait_completion's queue, or an EventLoop. A
+  /// wait already blocked in another thread sees it at its next call.
   /// Errors:
   /// - inval: the Conn is empty.
   /// - no_event: only from try_next_event and next_event_for: nothing in time.
@@ -185,7 +198,7 @@ class Conn {
   /// Errors: inval when empty.
   expected<Cq> cq() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::cq"));
-    return Cq(core_->cq.get(), core_->comp_channel.get(), core_->config.shared_completion_channel);
+    return Cq(core_->cq.get(), core_->comp_channel.get(), core_->config.shared_completion_channel, &core_->path);
   }
   /// The receive completion queue: the connection's own (ConnConfig::rcq_size > 0), or its
   /// shared receive queue's; an empty Cq when receive completions go to cq()
@@ -193,7 +206,7 @@ class Conn {
   expected<Cq> rcq() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::rcq"));
     const bool shared = core_->config.shared_completion_channel && core_->rcq;
-    return Cq(core_->receive_cq(), core_->receive_channel(), shared);
+    return Cq(core_->receive_cq(), core_->receive_channel(), shared, core_->rcq ? &core_->path : nullptr);
   }
   /// The shared completion channel's fd (ConnConfig::shared_completion_channel), for
   /// poll/epoll; readable when either queue has a completion event (librpma's
@@ -393,7 +406,7 @@ class Conn {
     if (*fired != core_->cq.get() && *fired != core_->rcq.get())
       return detail::fail(Error(errc::unknown, 0, "ibv_get_cq_event", "an event for a queue not of this connection"));
     if (auto armed = detail::rearm(*fired); !armed) return detail::fail(armed.error());
-    return Cq(*fired, core_->comp_channel.get(), true);
+    return Cq(*fired, core_->comp_channel.get(), true, &core_->path);
   }
 
   expected<ConnEvent> next(const char* call, detail::Wait wait) noexcept {

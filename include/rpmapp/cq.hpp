@@ -4,10 +4,12 @@
 
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/source_link.hpp>
 #include <rpmapp/error.hpp>
 
 #include <arpa/inet.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -54,6 +56,27 @@ inline expected<void> check(const ibv_wc& wc) noexcept {
 inline std::uint32_t immediate(const ibv_wc& wc) noexcept { return ntohl(wc.imm_data); }
 
 namespace detail {
+
+/// How a connection learns from its completions that its peer stopped answering: a work
+/// request failed with IBV_WC_RETRY_EXC_ERR (the transport's retries ran out), which
+/// rdma_cm does not report while a link is down. Conn::next_event then reports
+/// ConnEvent::lost once.
+struct PathMonitor {
+  std::atomic<bool> failed{false};  // atomic: the queues may be read on another thread
+  SourceLink* watchers = nullptr;   // the connection's event-loop watchers, told once
+};
+
+/// Looks for a transport failure among completions just read from a queue of the
+/// connection `path` watches (none: a queue shared by several connections).
+inline void watch_path(PathMonitor* path, std::span<const ibv_wc> completions) noexcept {
+  if (path == nullptr || path->failed.load(std::memory_order_relaxed)) return;
+  for (const ibv_wc& wc : completions)
+    if (wc.status == IBV_WC_RETRY_EXC_ERR) {
+      path->failed.store(true, std::memory_order_relaxed);
+      if (path->watchers != nullptr) path->watchers->signal();
+      return;
+    }
+}
 
 /// Takes the next event of a completion channel, waiting until `deadline` (poll, then
 /// read; an empty read of a non-blocking fd goes back to poll; EINTR is retried), and
@@ -149,7 +172,9 @@ class Cq {
 
   /// Polls up to out.size() completions into `out` without waiting (librpma's
   /// rpma_cq_get_wc) and returns the filled part. Check each one's status (check(wc)): a
-  /// failed work request completes with an error status, never silently.
+  /// failed work request completes with an error status, never silently. On a queue of one
+  /// connection (Conn::cq, its own rcq), IBV_WC_RETRY_EXC_ERR (the peer stopped answering)
+  /// also makes the connection report ConnEvent::lost (Conn::next_event).
   /// Errors: inval when empty or `out` is empty; no_completion when the queue is empty;
   /// provider: ibv_poll_cq failed; unknown: it reported more than asked.
   expected<std::span<ibv_wc>> get(std::span<ibv_wc> out) noexcept {
@@ -158,8 +183,11 @@ class Cq {
     if (out.empty() || out.size() > 0x7fffffffu) [[unlikely]]
       return detail::fail(detail::invalid("Cq::get", "room for {} completions: give 1 to 2^31-1", out.size()));
     const int n = detail::provider().poll_cq(cq_, static_cast<int>(out.size()), out.data());
-    if (n > 0 && static_cast<std::size_t>(n) <= out.size()) [[likely]]
-      return out.first(static_cast<std::size_t>(n));
+    if (n > 0 && static_cast<std::size_t>(n) <= out.size()) [[likely]] {
+      const auto got = out.first(static_cast<std::size_t>(n));
+      detail::watch_path(path_, got);
+      return got;
+    }
     if (n == 0) return detail::fail(Error(errc::no_completion, 0, "ibv_poll_cq", "the queue is empty"));
     if (n < 0)  // ibverbs sets no errno here; providers return -1 or a negative code
       return detail::fail(detail::make_error(errc::provider, 0, "ibv_poll_cq", "returned {}", n));
@@ -193,9 +221,9 @@ class Cq {
 
   friend bool operator==(const Cq& a, const Cq& b) noexcept { return a.cq_ == b.cq_; }
 
-  /// Internal: a view of `cq` on `channel`.
-  Cq(ibv_cq* cq, ibv_comp_channel* channel, bool shared) noexcept
-      : cq_(cq), channel_(channel), shared_(shared) {}
+  /// Internal: a view of `cq` on `channel`, telling `path` (if any) of a transport failure.
+  Cq(ibv_cq* cq, ibv_comp_channel* channel, bool shared, detail::PathMonitor* path = nullptr) noexcept
+      : cq_(cq), channel_(channel), shared_(shared), path_(path) {}
 
  private:
   static Error empty(const char* call) noexcept {
@@ -228,6 +256,7 @@ class Cq {
   ibv_cq* cq_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
   bool shared_ = false;
+  detail::PathMonitor* path_ = nullptr;
 };
 
 RPMAPP_END_NAMESPACE

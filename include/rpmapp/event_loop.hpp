@@ -105,6 +105,10 @@ class NextEventAwaiter final : public Awaiter<NextEventAwaiter, expected<ConnEve
   expected<void> watch() noexcept { return watch_fd(conn_->channel->fd, &conn_->watchers); }
   void fail_with(const Error& e) noexcept { result_ = fail(e); }
   expected<ConnEvent> take() noexcept { return result_; }
+  // The connection was found lost by its completions: no fd says so.
+  void source_signalled() noexcept override {
+    if (loop != nullptr) loop->post_signal(*this);
+  }
 
  private:
   ConnectionCore* conn_;
@@ -279,6 +283,7 @@ class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::
       if (n < 0) return finish(provider_error("ibv_poll_cq", -n));
       if (n > 0) {
         result_ = out_.first(static_cast<std::size_t>(n));
+        watch_path(&conn_->path, *result_);
         return true;
       }
     }
@@ -510,7 +515,9 @@ class EventLoop {
   }
 
   /// Calls `handler` for each event of `conn` (as Conn::next_event reports them; an error
-  /// reading the channel is passed on too).
+  /// reading the channel is passed on too). ConnEvent::lost found by a completion (a
+  /// retry-exceeded status read by this loop or by Cq::get in a handler) comes from the
+  /// loop after the dispatch that read it.
   /// Errors: inval (empty loop or Conn); provider (epoll_ctl: EEXIST if this loop already
   /// watches the Conn); nomem.
   expected<Registration> watch(Conn& conn, std::function<void(expected<ConnEvent> event)> handler) noexcept {
@@ -579,6 +586,7 @@ class EventLoop {
     return detail::no_throw(call, [&]() -> expected<Registration> {
       auto w = std::make_unique<CompletionWaiter>();
       w->channel = channel;
+      w->path = &core->path;
       w->handler = std::move(handler);
       if (auto ok = core_->add(*w, channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
       core->watchers.attach(*w);
@@ -681,6 +689,10 @@ class EventLoop {
     detail::ConnectionCore* core = nullptr;
     std::function<void(expected<ConnEvent>)> handler;
     bool active() const noexcept override { return slot != no_slot && link != nullptr; }
+    // The connection was found lost by its completions: no fd says so.
+    void source_signalled() noexcept override {
+      if (loop != nullptr) loop->post_signal(*this);
+    }
     void handle(std::uint32_t) override {
       for (int i = 0; i < per_round && !done(); ++i) {
         auto event = detail::next_conn_event("EventLoop::watch", *core, detail::Deadline(detail::Wait::none()));
@@ -706,6 +718,7 @@ class EventLoop {
 
   struct CompletionWaiter final : detail::HandlerWaiter {
     ibv_comp_channel* channel = nullptr;
+    detail::PathMonitor* path = nullptr;  // the connection's
     std::function<void(expected<std::span<const ibv_wc>>)> handler;
     bool active() const noexcept override { return slot != no_slot && link != nullptr; }
     void handle(std::uint32_t) override {
@@ -732,7 +745,9 @@ class EventLoop {
           handler(detail::fail(detail::provider_error("ibv_poll_cq", -n)));
           return;
         }
-        handler(std::span<const ibv_wc>(wc, static_cast<std::size_t>(n)));
+        const std::span<const ibv_wc> batch(wc, static_cast<std::size_t>(n));
+        detail::watch_path(path, batch);
+        handler(batch);
         if (n < 16) return;
       }
     }

@@ -661,3 +661,86 @@ TEST_CASE("Cq::get: ibv_poll_cq returning a negative value or more than asked", 
   }
   fake.expect_clean();
 }
+
+TEST_CASE("a retry-exceeded completion: the connection reports lost once, before rdma_cm's events, "
+          "which still come", "[cq][lost]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    Buffer buf(64);
+    MrLocal mr = reg(c.peer, buf, all_usages);
+    REQUIRE(c.conn.send(mr, 0, 8, Completion::always, 1));
+    REQUIRE(c.conn.send(mr, 0, 8, Completion::always, 2));
+    fake.complete_sends(*c.conn.qp(), 1, IBV_WC_RETRY_EXC_ERR);
+    fake.complete_sends(*c.conn.qp(), 1, IBV_WC_WR_FLUSH_ERR);
+    // Not known before the completion is read: nothing else tells the connection.
+    auto before = c.conn.try_next_event();
+    REQUIRE_FALSE(before);
+    CHECK(before.error().code() == errc::no_event);
+    ibv_wc wc[4];
+    SECTION("read with Cq::get") { REQUIRE(c.cq.get(wc)->size() == 2); }
+    SECTION("read with Cq::next") { REQUIRE(c.cq.next_for(wc, 1000ms)->size() == 2); }
+    CHECK(wc[0].status == IBV_WC_RETRY_EXC_ERR);
+    fake.inject_event(*c.conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
+    CHECK(c.conn.next_event_for(1000ms) == ConnEvent::lost);
+    CHECK(c.conn.next_event_for(1000ms) == ConnEvent::closed);
+    auto after = c.conn.try_next_event();
+    REQUIRE_FALSE(after);
+    CHECK(after.error().code() == errc::no_event);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("lost: other failed statuses, and a retry-exceeded one read again, are not reported as lost",
+          "[cq][lost]") {
+  fake::FakeProvider fake;
+  {
+    Connected c(fake);
+    ibv_wc wc[8];
+    SECTION("statuses of a failed request, not of the path") {
+      for (auto status : {IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR, IBV_WC_RNR_RETRY_EXC_ERR,
+                          IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR})
+        fake.add_completion(c.raw, completion(1, status));
+      REQUIRE(c.cq.get(wc)->size() == 5);
+      auto none = c.conn.try_next_event();
+      REQUIRE_FALSE(none);
+      CHECK(none.error().code() == errc::no_event);
+    }
+    SECTION("a second retry-exceeded completion: lost was reported already") {
+      fake.add_completion(c.raw, completion(1, IBV_WC_RETRY_EXC_ERR));
+      REQUIRE(c.cq.get(wc));
+      CHECK(c.conn.try_next_event() == ConnEvent::lost);
+      fake.add_completion(c.raw, completion(2, IBV_WC_RETRY_EXC_ERR));
+      REQUIRE(c.cq.get(wc));
+      auto again = c.conn.try_next_event();
+      REQUIRE_FALSE(again);
+      CHECK(again.error().code() == errc::no_event);
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("lost: found through the receive CQ and through Conn::wait_completion's queue", "[cq][lost]") {
+  fake::FakeProvider fake;
+  {
+    SECTION("the connection's own receive CQ") {
+      ConnConfig cfg;
+      cfg.rcq_size = 4;
+      Connected c(fake, cfg);
+      fake.add_completion(*c.conn.rcq()->native(), completion(1, IBV_WC_RETRY_EXC_ERR, IBV_WC_RECV));
+      ibv_wc wc[2];
+      REQUIRE(c.conn.rcq()->get(wc));
+      CHECK(c.conn.try_next_event() == ConnEvent::lost);
+    }
+    SECTION("the queue a shared channel fired for") {
+      Connected c(fake, shared_channel_config());
+      fake.add_completion(c.raw, completion(1, IBV_WC_RETRY_EXC_ERR));
+      auto fired = c.conn.wait_completion_for(1000ms);
+      REQUIRE(fired);
+      ibv_wc wc[2];
+      REQUIRE(fired->get(wc));
+      CHECK(c.conn.try_next_event() == ConnEvent::lost);
+    }
+  }
+  fake.expect_clean();
+}

@@ -1473,3 +1473,56 @@ TEST_CASE("serve and watch: failures reading a source reach the handler, which i
   CHECK(fake.closed_while_watched() == 0);
   fake.expect_clean();
 }
+
+TEST_CASE("watch: a connection found lost by its completions is reported by the loop after that dispatch",
+          "[event_loop][lost]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Conn conn = connected(fake, peer);
+    ibv_cq* cq = *conn.cq()->native();
+    EventLoop loop = make_loop();
+    std::vector<ConnEvent> events;
+    auto watched = registered(loop.watch(conn, [&](expected<ConnEvent> event) {
+      REQUIRE(event);
+      events.push_back(*event);
+    }));
+    ibv_wc failed{};
+    failed.wr_id = 7;
+    failed.status = IBV_WC_RETRY_EXC_ERR;
+    SECTION("read by watch_completions") {
+      std::vector<ibv_wc_status> statuses;
+      auto completions = registered(loop.watch_completions(conn, [&](expected<std::span<const ibv_wc>> batch) {
+        REQUIRE(batch);
+        for (const auto& wc : *batch) statuses.push_back(wc.status);
+        CHECK(events.empty());  // the event comes after the dispatch that found it
+      }));
+      fake.add_completion(cq, failed);
+      CHECK(ran(loop.run_once(0ms)) == 2);
+      CHECK(statuses == std::vector<ibv_wc_status>{IBV_WC_RETRY_EXC_ERR});
+      CHECK(events == std::vector<ConnEvent>{ConnEvent::lost});
+    }
+    SECTION("read by Cq::get outside the loop") {
+      fake.add_completion(cq, failed);
+      ibv_wc wc[2];
+      REQUIRE(conn.cq()->get(wc));
+      CHECK(events.empty());
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      CHECK(events == std::vector<ConnEvent>{ConnEvent::lost});
+    }
+    SECTION("the registration released before the loop ran: never called") {
+      fake.add_completion(cq, failed);
+      ibv_wc wc[2];
+      REQUIRE(conn.cq()->get(wc));
+      watched.reset();
+      CHECK(ran(loop.run_once(0ms)) == 0);
+      CHECK(events.empty());
+      CHECK(conn.try_next_event() == ConnEvent::lost);  // still there for the next reader
+    }
+    CHECK(ran(loop.run_once(0ms)) == 0);
+    fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
+    REQUIRE(loop.run_once(0ms));
+    if (watched.active()) CHECK(events == std::vector<ConnEvent>{ConnEvent::lost, ConnEvent::closed});
+  }
+  fake.expect_clean();
+}

@@ -1137,3 +1137,31 @@ TEST_CASE("block_on: a task awaiting when another thread stops the loop gets the
   }
   fake.expect_clean();
 }
+
+TEST_CASE("next_event: a coroutine waiting on a connection resumes with lost when a completion says "
+          "the peer stopped answering", "[task][await][lost]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    Conn conn = outgoing(peer).connect().value();
+    std::optional<expected<ConnEvent>> seen;
+    std::optional<expected<std::span<ibv_wc>>> read;
+    ibv_wc wc[4];
+    auto watcher = [&]() -> Task<void> { seen = co_await loop.next_event(conn, 5000ms); };
+    auto reader = [&]() -> Task<void> { read = co_await loop.completions(conn, wc, CqKind::main, 5000ms); };
+    REQUIRE(spawn(loop, watcher()));
+    REQUIRE(spawn(loop, reader()));
+    settle(loop);
+    CHECK_FALSE(seen.has_value());
+    ibv_wc failed{};
+    failed.status = IBV_WC_RETRY_EXC_ERR;
+    fake.add_completion(*conn.cq()->native(), failed);
+    REQUIRE(run_until(loop, [&] { return seen.has_value(); }));
+    REQUIRE(read.has_value());
+    REQUIRE(*read);
+    CHECK((*read)->front().status == IBV_WC_RETRY_EXC_ERR);
+    CHECK(*seen == ConnEvent::lost);
+  }
+  fake.expect_clean();
+}

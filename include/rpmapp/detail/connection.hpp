@@ -3,6 +3,7 @@
 #pragma once
 
 #include <rpmapp/config.hpp>
+#include <rpmapp/cq.hpp>
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/handles.hpp>
@@ -40,6 +41,9 @@ struct ConnectionCore {
   std::uint32_t max_inline_data = 0;  // as the queue pair was created
   bool direct_write_to_pmem = false;  // the peer's (Conn::apply_remote_peer_config)
   bool closed_reported = false;       // ConnEvent::closed was reported
+  bool lost_reported = false;         // ConnEvent::lost was reported for path.failed
+  /// Told by the connection's queues when the peer stopped answering; tells `watchers`.
+  PathMonitor path{false, &watchers};
   bool completion_fds_nonblocking = false;  // an event loop made them O_NONBLOCK
   /// Event loops waiting on this connection: last, so they are told before anything is
   /// released (their fds leave epoll sets while still open).

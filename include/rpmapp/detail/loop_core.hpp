@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <utility>
 #include <vector>
 
 RPMAPP_BEGIN_NAMESPACE
@@ -37,6 +38,7 @@ struct Waiter : SourceWatcher {
   Waiter* timer_prev = nullptr;
   Waiter* timer_next = nullptr;
   bool posted = false;
+  bool signalled = false;  // posted by post_signal: run as ready(EPOLLIN), not run_posted()
   Waiter* post_next = nullptr;
 
   /// The fd is ready (epoll's events). A handler's exception leaves through here.
@@ -212,6 +214,7 @@ class LoopCore {
 
   /// Runs w.run_posted() after the current dispatch (or in the next run_once).
   void post(Waiter& w) noexcept {
+    w.signalled = false;  // what the waiter posts itself for wins over a signal
     if (w.posted) return;
     w.loop = this;
     w.posted = true;
@@ -219,6 +222,13 @@ class LoopCore {
     if (posted_tail != nullptr) posted_tail->post_next = &w;
     else posted_head = &w;
     posted_tail = &w;
+  }
+  /// Runs w.ready(EPOLLIN) after the current dispatch: its source has news that its fd
+  /// does not announce (SourceWatcher::source_signalled). Nothing if `w` is posted already.
+  void post_signal(Waiter& w) noexcept {
+    if (w.posted) return;
+    post(w);
+    w.signalled = true;
   }
   void unpost(Waiter& w) noexcept {
     if (!w.posted) return;
@@ -230,6 +240,7 @@ class LoopCore {
         break;
       }
     w.posted = false;
+    w.signalled = false;
     w.post_next = nullptr;
   }
 
@@ -373,7 +384,15 @@ class LoopCore {
       w->posted = false;
       w->post_next = nullptr;
       ++dispatch_depth;  // a coroutine resumed here is inside the loop too (no nested run)
-      w->run_posted();
+      if (std::exchange(w->signalled, false)) {
+        try {
+          w->ready(EPOLLIN);
+        } catch (...) {
+          note_exception(std::current_exception());
+        }
+      } else {
+        w->run_posted();
+      }
       --dispatch_depth;
       ++ran;
     }

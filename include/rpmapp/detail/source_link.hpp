@@ -22,6 +22,9 @@ struct SourceWatcher {
   SourceWatcher* next_watcher = nullptr;
   /// The source is going away (its link has already dropped this watcher).
   virtual void source_gone() noexcept = 0;
+  /// The source has news that no fd announces (a connection found lost by its completions):
+  /// look at it again soon, from the loop, not from inside this call.
+  virtual void source_signalled() noexcept {}
 
  protected:
   SourceWatcher() = default;
@@ -62,6 +65,11 @@ class SourceLink {
     w.next_watcher = nullptr;
   }
   bool watched() const noexcept { return head_ != nullptr; }
+
+  /// Tells every watcher that the source has news (they stay attached).
+  void signal() noexcept {
+    for (SourceWatcher* w = head_; w != nullptr; w = w->next_watcher) w->source_signalled();
+  }
 
   /// Tells every watcher that the source is going away (each is detached before it is told,
   /// so it may destroy itself or watch something else).
