@@ -1,10 +1,14 @@
 # Runs in each guest of tests/reliability/run-multiguest (bash, cwd = the shared results
 # directory): the scenarios in order, this guest's role in each (guest 1 the server,
-# guest 2 the client). Per scenario: <s>.<role>.log, <s>.<role>.rc, <s>.<role>.seconds.
+# guest 2 the client, guest 3 (three-guest boot) client3). Per scenario: <s>.<role>.log,
+# <s>.<role>.rc, <s>.<role>.seconds.
 # Environment: MG_INDEX (rpmapp-multiguest), MG_SCENARIOS (the binary), MG_LIST (names).
-role=client
-[ "$MG_INDEX" = 1 ] && role=server
-declare -A bound=([a]=150 [b]=90 [c]=90 [d]=120)
+case "$MG_INDEX" in
+    1) role=server ;;
+    3) role=client3 ;;
+    *) role=client ;;
+esac
+declare -A bound=([a]=150 [b]=90 [c]=90 [d]=120 [e]=400)
 for s in $MG_LIST; do
     t0=$EPOCHREALTIME
     # live through tee: the host stamps each line when it happens

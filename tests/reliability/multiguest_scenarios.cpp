@@ -1,8 +1,9 @@
-// Fault scenarios between two kernels (tools/rpmapp-multiguest): the server role runs in
-// guest 1, the client role in guest 2, and they coordinate through files in the shared
-// current directory (9p: a file one guest writes shows up in the other within ~0.5 s).
+// Fault scenarios between two or three kernels (tools/rpmapp-multiguest): the server role
+// runs in guest 1, the client role in guest 2 (and, in scenario e, the client3 role in
+// guest 3), and they coordinate through files in the shared current directory (9p: a file
+// one guest writes shows up in the others within ~0.5 s).
 //
-//   multiguest_scenarios SCENARIO ROLE      SCENARIO a|b|c|d, ROLE server|client
+//   multiguest_scenarios SCENARIO ROLE   SCENARIO a|b|c|d|e, ROLE server|client|client3 (e)
 //
 // Prints "PASS <scenario> <role>: ..." or "FAIL <scenario> <role>: ..." (exit 0 / 1) and
 // "MEASURE scenario=<s> role=<r> <key>=<value>" lines. Every wait is bounded; a failing
@@ -17,12 +18,15 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -668,11 +672,516 @@ void d_side(bool server) {
   expect_ledger_back(baseline, who, 30s);
 }
 
+// ================================================================ e: three guests, one cut
+// The server (guest 1) serves e_conns connections from guest 2 and e_conns from guest 3,
+// each carrying echoed messages (content checked by the client). Guest 3 cuts its own link
+// for good. Guest 2's connections must keep carrying data through and after the cut; guest
+// 3's sends fail with retry-exceeded; the server, told of the cut by the coordination file
+// (standing in for a keepalive timer), probes each of guest 3's connections with a send,
+// which fails likewise, then drops them: its ledger must lose exactly what those
+// connections held. Guest 3 then restores its link and connects again.
+constexpr int e_conns = 3;       // per client guest
+constexpr int e_reconnects = 2;  // guest 3's connections after the restore
+
+// Threads of one role, one per connection (a Conn is used by one thread at a time). The
+// first failure stops the others; the destructor stops and joins whatever still runs.
+struct Workers {
+  std::atomic<bool> stop{false};
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+
+  template <class F> void run(const std::string& name, F body) {
+    threads.emplace_back([this, name, body]() mutable {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        errors.push_back(name + ": " + e.what());
+        stop = true;
+      }
+    });
+  }
+  void join() {
+    for (auto& t : threads) t.join();
+    threads.clear();
+    if (!errors.empty())
+      fail(errors.front() + (errors.size() > 1 ? " (and " + std::to_string(errors.size() - 1) +
+                                                     " more failures)"
+                                               : ""));
+  }
+  ~Workers() {
+    stop = true;
+    for (auto& t : threads)
+      if (t.joinable()) t.join();
+  }
+};
+
+std::string e_message(int guest, int conn, long seq) {
+  return "g" + std::to_string(guest) + " conn " + std::to_string(conn) + " #" + std::to_string(seq);
+}
+
+// The next event within `timeout` as text: its name, or "none" (no_event).
+std::string event_text(rpmapp::Conn& conn, std::chrono::milliseconds timeout) {
+  auto ev = conn.next_event_for(timeout);
+  if (ev) return std::string(rpmapp::to_string(*ev));
+  if (ev.error().code() == rpmapp::errc::no_event) return "none";
+  fail("Conn::next_event_for: " + ev.error().message());
+}
+
+// Waits `timeout` for the completions of `ctxs` on `conn` (any order); each must fail.
+// Returns "wr_id:status ..." for the log.
+std::string expect_failed(rpmapp::Conn& conn, std::vector<std::uint64_t> ctxs,
+                          std::chrono::milliseconds timeout, const std::string& who) {
+  std::string text;
+  const auto deadline = Clock::now() + timeout;
+  while (!ctxs.empty()) {
+    auto wc = next_completion(conn, 50ms);
+    if (!wc) {
+      if (Clock::now() > deadline)
+        fail(who + ": " + std::to_string(ctxs.size()) + " operations did not complete within " +
+             std::to_string(timeout.count()) + " ms after disconnect() (they hang)");
+      continue;
+    }
+    if (wc->status == IBV_WC_SUCCESS)
+      fail(who + ": wr_id " + std::to_string(wc->wr_id) + " succeeded across the dead link");
+    std::erase(ctxs, wc->wr_id);
+    text += std::to_string(wc->wr_id) + ":" + ibv_wc_status_str(wc->status) + " ";
+  }
+  return text;
+}
+
+// Echoes each message on `conn` until "bye", then waits for closed and disconnects; a
+// transient unreachable is counted, any other event fails. Returns the messages echoed.
+int e_serve(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>& stop, const std::string& who) {
+  int echoed = 0, unreachable = 0;
+  for (;;) {
+    MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
+    const auto deadline = Clock::now() + 60s;
+    std::optional<ibv_wc> wc;
+    while (!(wc = next_completion(conn, 100ms))) {
+      if (stop) return echoed;
+      auto ev = conn.try_next_event();
+      if (ev) {
+        if (*ev != rpmapp::ConnEvent::unreachable)
+          fail(who + ": event while serving: " + std::string(rpmapp::to_string(*ev)));
+        ++unreachable;
+        say(who + ": transient unreachable (tolerated)");
+      } else if (ev.error().code() != rpmapp::errc::no_event) {
+        fail(who + ": Conn::try_next_event: " + ev.error().message());
+      }
+      if (Clock::now() > deadline) fail(who + ": no message within 60 s (it hangs)");
+    }
+    if (wc->wr_id != 21 || wc->status != IBV_WC_SUCCESS) fail(who + ": recv: " + wc_text(*wc));
+    const std::string text = buf.received();
+    if (text == "bye") break;
+    buf.set_message("echo " + text);
+    MUST(conn.send(buf.mr, 0, Buffers::slot, rpmapp::Completion::always, 22));
+    auto sent = completion_of(conn, 22, 30s, "echo send");
+    if (sent.status != IBV_WC_SUCCESS) fail(who + ": echo send: " + wc_text(sent));
+    ++echoed;
+  }
+  auto ev = event_within(conn, 30s, who.c_str());
+  while (ev == rpmapp::ConnEvent::unreachable) ev = event_within(conn, 30s, who.c_str());
+  if (ev != rpmapp::ConnEvent::closed) fail(who + ": after bye: " + std::string(rpmapp::to_string(ev)));
+  MUST(conn.disconnect());
+  say(who + ": echoed " + std::to_string(echoed) + " messages, then closed; unreachable events: " +
+      std::to_string(unreachable));
+  return echoed;
+}
+
+// Serves one of guest 3's connections until the cut: echoes its messages; once <e>.cut
+// exists, probes it with a send (once no echo is in flight). That send must fail with
+// retry-exceeded within 45 s of the cut; then the next events are logged, the connection
+// is disconnected and its posted recv must fail too.
+void e_serve_until_cut(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>& stop,
+                       const std::string& who) {
+  const auto start = Clock::now();
+  std::optional<Clock::time_point> cut_seen, probed;
+  bool recv_posted = false, send_out = false, probe_posted = false;
+  int echoed = 0;
+  std::string events;
+  MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
+  recv_posted = true;
+  std::optional<ibv_wc> failed_send;
+  Clock::time_point failed_when;
+  std::string other_failures;
+  while (!failed_send) {
+    if (stop) return;
+    if (!cut_seen && exists(file_name("cut"))) cut_seen = Clock::now();
+    if (cut_seen && !send_out && !probe_posted) {
+      buf.set_message("probe");
+      MUST(conn.send(buf.mr, 0, Buffers::slot, rpmapp::Completion::always, 23));
+      probed = Clock::now();
+      probe_posted = send_out = true;
+    }
+    if (!cut_seen && since(start) > 180) fail(who + ": no cut within 180 s");
+    if (cut_seen && since(*cut_seen) > 45)
+      fail(who + ": nothing failed within 45 s of the cut (it hangs)");
+    auto ev = conn.try_next_event();
+    if (ev) {
+      const std::string name(rpmapp::to_string(*ev));
+      events += name + "@" + std::to_string(cut_seen ? since(*cut_seen) : -1.0).substr(0, 5) + "s ";
+      if (!cut_seen && *ev != rpmapp::ConnEvent::unreachable)
+        fail(who + ": event before the cut: " + name);
+    } else if (ev.error().code() != rpmapp::errc::no_event) {
+      fail(who + ": Conn::try_next_event: " + ev.error().message());
+    }
+    auto wc = next_completion(conn, 0ms);
+    if (!wc) {
+      std::this_thread::sleep_for(5ms);
+      continue;
+    }
+    if (wc->status != IBV_WC_SUCCESS) {
+      if (!cut_seen) fail(who + ": wr_id " + std::to_string(wc->wr_id) + " failed before the cut: " + wc_text(*wc));
+      if (wc->wr_id == 21) {
+        recv_posted = false;
+        other_failures += "recv:" + std::string(ibv_wc_status_str(wc->status)) + " ";
+      } else {
+        failed_send = *wc;
+        failed_when = Clock::now();
+      }
+      continue;
+    }
+    if (wc->wr_id == 21) {
+      recv_posted = false;
+      buf.set_message("echo " + buf.received());
+      MUST(conn.send(buf.mr, 0, Buffers::slot, rpmapp::Completion::always, 22));
+      send_out = true;
+    } else if (wc->wr_id == 22) {
+      send_out = false;
+      ++echoed;
+      MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
+      recv_posted = true;
+    } else {
+      fail(who + ": the probe reached the cut guest");
+    }
+  }
+  const double detect = std::chrono::duration<double>(failed_when - *cut_seen).count();
+  const double after_post = probed ? std::chrono::duration<double>(failed_when - *probed).count() : -1;
+  const std::string kind = failed_send->wr_id == 23 ? "probe" : "echo send";
+  if (failed_send->status != IBV_WC_RETRY_EXC_ERR)
+    fail(who + ": the " + kind + " failed with " + wc_text(*failed_send) + ", expected retry-exceeded");
+  if (rpmapp::check(*failed_send)) fail(who + ": rpmapp::check accepted a retry-exceeded completion");
+  say(who + ": echoed " + std::to_string(echoed) + " before the cut; the " + kind + " failed " +
+      std::to_string(detect).substr(0, 5) + " s after the cut was seen (" +
+      (probed ? std::to_string(after_post).substr(0, 5) : std::string("?")) +
+      " s after posting): " + wc_text(*failed_send));
+  measure("server_send_retry_exc_after_cut_s", detect);
+  say(who + ": events up to the failure: " + (events.empty() ? "none" : events));
+  // Logged, not asserted: whether next_event reports the failed connection (lost).
+  say(who + ": next_event_for(3 s) after the failed send: " + event_text(conn, 3s));
+  const auto disconnected = Clock::now();
+  MUST(conn.disconnect());
+  std::vector<std::uint64_t> left;
+  if (recv_posted) left.push_back(21);
+  const std::string rest = expect_failed(conn, left, 10s, who);
+  say(who + ": after disconnect(): " + (rest.empty() ? other_failures : rest) + "in " +
+      std::to_string(since(disconnected)).substr(0, 4) + " s");
+}
+
+// The next request within `timeout`, connected and established; stops waiting at once when
+// another guest wrote <e>.abort.
+rpmapp::Conn accept_for(rpmapp::Endpoint& ep, std::chrono::seconds timeout, const char* who) {
+  const auto deadline = Clock::now() + timeout;
+  std::optional<rpmapp::ConnReq> next;
+  while (!next) {
+    auto req = ep.next_conn_req_for(1s);
+    if (req) {
+      next.emplace(std::move(*req));
+    } else if (req.error().code() != rpmapp::errc::no_event) {
+      fail(std::string(who) + ": Endpoint::next_conn_req_for: " + req.error().message());
+    } else if (exists(file_name("abort"))) {
+      fail(std::string(who) + ": another guest aborted while waiting for a request");
+    } else if (Clock::now() > deadline) {
+      fail(std::string(who) + ": no request within " + std::to_string(timeout.count()) + " s");
+    }
+  }
+  auto req = std::move(*next);
+  auto conn = MUST(std::move(req).connect());
+  const auto ev = event_within(conn, 30s, who);
+  if (ev != rpmapp::ConnEvent::established)
+    fail(std::string(who) + ": accept: " + std::string(rpmapp::to_string(ev)) + " instead of established");
+  return conn;
+}
+
+void e_server() {
+  open_ledger();
+  const auto baseline = reliability::ledger_of();
+  {
+    const std::string ip = env("SOFTROCE_IP");
+    auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
+    auto ep = MUST(rpmapp::Endpoint::listen(peer, ip, "0"));
+    put("port", std::to_string(MUST(ep.port())));
+    // guest 2 connects first, then guest 3 is let in: the order tells them apart
+    std::vector<rpmapp::Conn> g2, g3;
+    std::vector<std::unique_ptr<Buffers>> g2_bufs, g3_bufs;
+    for (int i = 0; i < e_conns; ++i) {
+      g2.push_back(accept_for(ep, 90s, "server"));
+      g2_bufs.push_back(std::make_unique<Buffers>(peer));
+    }
+    Workers g2_workers;
+    for (int i = 0; i < e_conns; ++i)
+      g2_workers.run("g2 conn " + std::to_string(i), [&, i] {
+        e_serve(g2[i], *g2_bufs[i], g2_workers.stop, "g2 conn " + std::to_string(i));
+      });
+    const auto with_g2 = reliability::ledger_of();
+    put("g3-go");
+    for (int i = 0; i < e_conns; ++i) {
+      g3.push_back(accept_for(ep, 60s, "server"));
+      g3_bufs.push_back(std::make_unique<Buffers>(peer));
+    }
+    const auto with_g3 = reliability::ledger_of();
+    const std::string g3_held = reliability::ledger_diff(with_g2, with_g3);
+    say("guest 3's " + std::to_string(e_conns) + " connections hold: " + g3_held);
+    for (const char* kind : {"cm_id", "qp", "mr"})
+      if (with_g3.count(kind) - with_g2.count(kind) != e_conns)
+        fail(std::string("accepting guest 3's connections added ") +
+             std::to_string(with_g3.count(kind) - with_g2.count(kind)) + " " + kind + ", expected " +
+             std::to_string(e_conns));
+    {
+      Workers g3_workers;
+      for (int i = 0; i < e_conns; ++i)
+        g3_workers.run("g3 conn " + std::to_string(i), [&, i] {
+          e_serve_until_cut(g3[i], *g3_bufs[i], g3_workers.stop, "g3 conn " + std::to_string(i));
+        });
+      g3_workers.join();
+    }
+    const auto dropping = Clock::now();
+    g3.clear();
+    g3_bufs.clear();
+    const auto after = reliability::wait_for_ledger(with_g2, 30s);
+    if (!(after == with_g2))
+      fail("after dropping guest 3's connections the ledger differs from before they came: " +
+           reliability::ledger_diff(with_g2, after) + " (released " +
+           reliability::ledger_diff(with_g3, after) + ", they held " + g3_held + ")");
+    say("dropped guest 3's connections: the ledger released exactly what they held (" + g3_held +
+        ") and nothing else");
+    measure("server_ledger_released_s", since(dropping));
+    if (g2_workers.stop) g2_workers.join();  // a guest 2 connection failed meanwhile
+    put("g3-dropped");
+
+    std::vector<rpmapp::Conn> again;
+    std::vector<std::unique_ptr<Buffers>> again_bufs;
+    for (int i = 0; i < e_reconnects; ++i) {
+      again.push_back(accept_for(ep, 120s, "server"));
+      again_bufs.push_back(std::make_unique<Buffers>(peer));
+    }
+    {
+      Workers again_workers;
+      std::array<int, e_reconnects> echoed{};
+      for (int i = 0; i < e_reconnects; ++i)
+        again_workers.run("g3 again " + std::to_string(i), [&, i] {
+          echoed[i] = e_serve(again[i], *again_bufs[i], again_workers.stop, "g3 again " + std::to_string(i));
+        });
+      again_workers.join();
+      for (int n : echoed)
+        if (n < 3) fail("guest 3's new connection echoed " + std::to_string(n) + " messages, expected at least 3");
+    }
+    put("g2-stop");
+    g2_workers.join();
+  }
+  expect_ledger_back(baseline, "server", 30s);
+}
+
+// Guest 2: round trips on all its connections, one after the other, until <e>.g2-stop;
+// each connection must carry data before the cut, while it lasts, and after guest 3 was
+// dropped.
+void e_client2() {
+  open_ledger();
+  const auto baseline = reliability::ledger_of();
+  {
+    const std::string ip = env("SOFTROCE_IP");
+    auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
+    const std::string port = wait_for("port", 60s);
+    std::vector<rpmapp::Conn> conns;
+    std::vector<std::unique_ptr<Buffers>> bufs;
+    for (int i = 0; i < e_conns; ++i) {
+      conns.push_back(connect_to_server(peer, port));
+      bufs.push_back(std::make_unique<Buffers>(peer));
+    }
+    const char* phase_name[3] = {"before_cut", "during_cut", "after_drop"};
+    std::array<std::array<long, e_conns>, 3> trips{};
+    std::array<double, 3> slowest{};
+    int unreachable = 0;
+    long seq = 0;
+    const auto start = Clock::now();
+    for (bool running_said = false;; running_said = true) {
+      if (exists(file_name("g2-stop"))) break;
+      if (exists(file_name("abort"))) fail("another guest aborted");
+      if (since(start) > 400) fail("no g2-stop within 400 s");
+      const int phase = exists(file_name("g3-dropped")) ? 2 : exists(file_name("cut")) ? 1 : 0;
+      for (int i = 0; i < e_conns; ++i) {
+        const auto t0 = Clock::now();
+        client_round_trip(conns[i], *bufs[i], e_message(2, i, ++seq), 10s);
+        slowest[phase] = std::max(slowest[phase], since(t0));
+        ++trips[phase][i];
+        while (auto ev = conns[i].try_next_event()) {
+          if (*ev != rpmapp::ConnEvent::unreachable)
+            fail("connection " + std::to_string(i) + ": " + std::string(rpmapp::to_string(*ev)));
+          ++unreachable;
+        }
+      }
+      if (!running_said) put("g2-running");
+      std::this_thread::sleep_for(100ms);  // leave the guest's one vCPU some air
+    }
+    for (int phase = 0; phase < 3; ++phase) {
+      std::string counts;
+      for (int i = 0; i < e_conns; ++i) {
+        counts += std::to_string(trips[phase][i]) + " ";
+        if (trips[phase][i] == 0)
+          fail("connection " + std::to_string(i) + " carried no data " + phase_name[phase]);
+      }
+      say(std::string("round trips ") + phase_name[phase] + " per connection: " + counts +
+          "(slowest " + std::to_string(slowest[phase]).substr(0, 5) + " s)");
+      measure(std::string("round_trips_") + phase_name[phase], trips[phase][0] + trips[phase][1] + trips[phase][2]);
+      measure(std::string("slowest_round_trip_") + phase_name[phase] + "_s", slowest[phase]);
+    }
+    measure("unreachable_events", unreachable);
+    for (int i = 0; i < e_conns; ++i) {
+      client_bye(conns[i], *bufs[i]);
+      close_conn(conns[i], "client");
+    }
+  }
+  expect_ledger_back(baseline, "client", 30s);
+}
+
+// A connection to the server, tried again (1 s apart, 60 s in all) while the restored
+// link settles; returns it and logs the failed attempts.
+rpmapp::Conn connect_again(const rpmapp::Peer& peer, const std::string& port) {
+  const auto start = Clock::now();
+  for (int attempt = 1;; ++attempt) {
+    std::string why;
+    auto req = rpmapp::ConnReq::to(peer, server_ip(), port);
+    if (req) {
+      auto conn = std::move(*req).connect();
+      if (conn) {
+        auto ev = conn->next_event_for(30s);
+        if (ev && *ev == rpmapp::ConnEvent::established) return std::move(*conn);
+        why = ev ? std::string(rpmapp::to_string(*ev)) : ev.error().message();
+      } else {
+        why = conn.error().message();
+      }
+    } else {
+      why = req.error().message();
+    }
+    say("connect attempt " + std::to_string(attempt) + " after the restore failed: " + why);
+    if (since(start) > 60) fail("could not connect again within 60 s of the restore: " + why);
+    std::this_thread::sleep_for(1s);
+  }
+}
+
+// Guest 3: round trips on all its connections, cuts its link, posts a send on each: each
+// must fail with retry-exceeded; drops them; restores the link and connects again.
+void e_client3() {
+  open_ledger();
+  const auto baseline = reliability::ledger_of();
+  {
+    const std::string ip = env("SOFTROCE_IP");
+    auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
+    const auto with_peer = reliability::ledger_of();
+    const std::string port = wait_for("port", 60s);
+    wait_for("g3-go", 90s);
+    {
+      std::vector<rpmapp::Conn> conns;
+      std::vector<std::unique_ptr<Buffers>> bufs;
+      for (int i = 0; i < e_conns; ++i) {
+        conns.push_back(connect_to_server(peer, port));
+        bufs.push_back(std::make_unique<Buffers>(peer));
+      }
+      long seq = 0;
+      for (int round = 0; round < 5; ++round)
+        for (int i = 0; i < e_conns; ++i) client_round_trip(conns[i], *bufs[i], e_message(3, i, ++seq), 10s);
+      say("5 round trips on each of " + std::to_string(e_conns) + " connections");
+      wait_for("g2-running", 60s);
+      set_my_link("off");
+      put("cut");
+      const auto posted = Clock::now();
+      for (int i = 0; i < e_conns; ++i) {
+        MUST(conns[i].recv(bufs[i]->mr, Buffers::slot, Buffers::slot, 41));
+        bufs[i]->set_message("lost " + e_message(3, i, ++seq));
+        MUST(conns[i].send(bufs[i]->mr, 0, Buffers::slot, rpmapp::Completion::always, 42));
+      }
+      std::vector<double> failed_at(e_conns, -1);
+      std::vector<std::string> events(e_conns);
+      std::vector<bool> recv_done(e_conns, false);
+      double worst = 0;
+      for (int left = e_conns; left > 0;) {
+        if (since(posted) > 40)
+          fail(std::to_string(left) + " sends across the dead link did not complete within 40 s (they hang)");
+        for (int i = 0; i < e_conns; ++i) {
+          auto ev = conns[i].try_next_event();
+          if (ev) {
+            events[i] += std::string(rpmapp::to_string(*ev)) + "@" + std::to_string(since(posted)).substr(0, 5) + "s ";
+          } else if (ev.error().code() != rpmapp::errc::no_event) {
+            fail("Conn::try_next_event: " + ev.error().message());
+          }
+          if (failed_at[i] >= 0) continue;
+          auto wc = next_completion(conns[i], 0ms);
+          if (!wc) continue;
+          if (wc->status == IBV_WC_SUCCESS) fail("wr_id " + std::to_string(wc->wr_id) + " succeeded across the dead link");
+          if (wc->wr_id == 41) {  // the recv flushed first: keep waiting for the send
+            recv_done[i] = true;
+            continue;
+          }
+          if (wc->status != IBV_WC_RETRY_EXC_ERR)
+            fail("connection " + std::to_string(i) + ": the send failed with " + wc_text(*wc) +
+                 ", expected retry-exceeded");
+          if (rpmapp::check(*wc)) fail("rpmapp::check accepted a retry-exceeded completion");
+          failed_at[i] = since(posted);
+          worst = std::max(worst, failed_at[i]);
+          --left;
+          say("connection " + std::to_string(i) + ": the send failed " +
+              std::to_string(failed_at[i]).substr(0, 5) + " s after posting: " + rpmapp::check(*wc).error().message());
+        }
+        std::this_thread::sleep_for(5ms);
+      }
+      measure("client_send_retry_exc_s", worst);
+      for (int i = 0; i < e_conns; ++i) {
+        say("connection " + std::to_string(i) + ": events up to the failure: " +
+            (events[i].empty() ? "none" : events[i]));
+        // Logged, not asserted: whether next_event reports the failed connection (lost).
+        say("connection " + std::to_string(i) + ": next_event_for(3 s) after the failed send: " +
+            event_text(conns[i], 3s));
+      }
+      for (int i = 0; i < e_conns; ++i) {
+        MUST(conns[i].disconnect());
+        std::vector<std::uint64_t> left;
+        if (!recv_done[i]) left.push_back(41);
+        say("connection " + std::to_string(i) + ": after disconnect(): " +
+            expect_failed(conns[i], left, 10s, "client3"));
+      }
+    }
+    expect_ledger_back(with_peer, "client3 (dropped its dead connections)", 30s);
+    wait_for("g3-dropped", 120s);
+    set_my_link("on");
+    const auto restored = Clock::now();
+    {
+      std::vector<rpmapp::Conn> conns;
+      std::vector<std::unique_ptr<Buffers>> bufs;
+      for (int i = 0; i < e_reconnects; ++i) {
+        conns.push_back(connect_again(peer, port));
+        bufs.push_back(std::make_unique<Buffers>(peer));
+      }
+      measure("connected_again_after_restore_s", since(restored));
+      long seq = 1000;
+      for (int round = 0; round < 3; ++round)
+        for (int i = 0; i < e_reconnects; ++i) client_round_trip(conns[i], *bufs[i], e_message(3, i, ++seq), 10s);
+      say("after the restore: " + std::to_string(e_reconnects) + " new connections, 3 round trips each");
+      for (int i = 0; i < e_reconnects; ++i) {
+        client_bye(conns[i], *bufs[i]);
+        close_conn(conns[i], "client3");
+      }
+    }
+  }
+  expect_ledger_back(baseline, "client3", 30s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s a|b|c|d server|client\n", argv[0]);
+    std::fprintf(stderr, "usage: %s a|b|c|d|e server|client|client3\n", argv[0]);
     return 2;
   }
   g_scenario = argv[1];
@@ -682,8 +1191,13 @@ int main(int argc, char** argv) {
     if (g_role == "victim") return g_scenario == "a" ? a_server_victim() : b_client_victim("");
     if (g_role == "victim2") return b_client_victim("2");
     const bool server = g_role == "server";
-    if (!server && g_role != "client") fail("unknown role " + g_role);
-    if (g_scenario == "a") server ? a_server(argv[0]) : a_client();
+    if (g_scenario == "e") {
+      if (g_role == "client3") e_client3();
+      else if (server) e_server();
+      else if (g_role == "client") e_client2();
+      else fail("unknown role " + g_role);
+    } else if (!server && g_role != "client") fail("unknown role " + g_role);
+    else if (g_scenario == "a") server ? a_server(argv[0]) : a_client();
     else if (g_scenario == "b") server ? b_server() : b_client(argv[0]);
     else if (g_scenario == "c") server ? c_server() : c_client();
     else if (g_scenario == "d") d_side(server);
