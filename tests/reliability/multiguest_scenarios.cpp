@@ -945,6 +945,7 @@ void e_server() {
         g3_workers.run("g3 conn " + std::to_string(i), [&, i] {
           e_serve_until_cut(g3[i], *g3_bufs[i], g3_workers.stop, "g3 conn " + std::to_string(i));
         });
+      put("g3-served");  // reading the ledger takes seconds: guest 3 starts only now
       g3_workers.join();
     }
     const auto dropping = Clock::now();
@@ -1089,6 +1090,7 @@ void e_client3() {
         conns.push_back(connect_to_server(peer, port));
         bufs.push_back(std::make_unique<Buffers>(peer));
       }
+      wait_for("g3-served", 90s);
       long seq = 0;
       for (int round = 0; round < 5; ++round)
         for (int i = 0; i < e_conns; ++i) client_round_trip(conns[i], *bufs[i], e_message(3, i, ++seq), 10s);
