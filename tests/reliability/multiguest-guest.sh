@@ -8,7 +8,9 @@ case "$MG_INDEX" in
     3) role=client3 ;;
     *) role=client ;;
 esac
-declare -A bound=([a]=150 [b]=90 [c]=90 [d]=120 [e]=400)
+# guest time; in e guest 3's clock was seen running up to 6 times fast (the host's
+# RPMAPP_MULTIGUEST3_TIMEOUT bounds the boot in host time)
+declare -A bound=([a]=150 [b]=90 [c]=90 [d]=120 [e]=1200)
 for s in $MG_LIST; do
     t0=$EPOCHREALTIME
     # live through tee: the host stamps each line when it happens

@@ -1160,7 +1160,8 @@ void e_client3() {
       }
     }
     expect_ledger_back(with_peer, "client3 (dropped its dead connections)", 30s);
-    wait_for("g3-dropped", 120s);
+    // guest 3's clock was seen running up to 6 times fast while its link was cut: generous
+  wait_for("g3-dropped", 300s);
     set_my_link("on");
     const auto restored = Clock::now();
     {
