@@ -25,7 +25,7 @@ constexpr int connections = 32;
 constexpr std::size_t slot_size = 64;
 constexpr std::size_t recv_offset(int number) { return std::size_t(number - 1) * 2 * slot_size; }
 constexpr std::size_t send_offset(int number) { return recv_offset(number) + slot_size; }
-constexpr auto run_bound = 2 * example::wait_bound;
+const auto run_bound = 2 * example::wait_bound;
 
 namespace {
 

@@ -30,7 +30,7 @@ constexpr std::size_t slot_size = 64;
 constexpr std::size_t recv_offset(int number) { return std::size_t(number - 1) * 2 * slot_size; }
 constexpr std::size_t send_offset(int number) { return recv_offset(number) + slot_size; }
 // The whole run is bounded: a client that never comes must not hang the server.
-constexpr auto run_bound = 2 * example::wait_bound;
+const auto run_bound = 2 * example::wait_bound;
 
 namespace {
 

@@ -18,7 +18,7 @@
 #include <optional>
 #include <string>
 
-constexpr auto run_bound = 2 * example::wait_bound;
+const auto run_bound = 2 * example::wait_bound;
 
 namespace {
 

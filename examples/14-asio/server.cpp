@@ -20,7 +20,7 @@
 
 constexpr int clients = 3;
 constexpr std::string_view hello_prefix = "hello from the 14-asio client";
-constexpr auto run_bound = 2 * example::wait_bound;
+const auto run_bound = 2 * example::wait_bound;
 
 namespace {
 

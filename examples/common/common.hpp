@@ -8,13 +8,16 @@
 #include <fmt/core.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -22,9 +25,32 @@ namespace example {
 
 using namespace std::chrono_literals;
 
+/// The environment variable that sets wait_bound, in whole seconds (1 to 86400): a runner
+/// that slows the programs down, e.g. valgrind on an emulated machine, raises it.
+inline constexpr const char* wait_seconds_variable = "RPMAPP_EXAMPLE_WAIT_SECONDS";
+
+/// wait_bound's value: RPMAPP_EXAMPLE_WAIT_SECONDS when set, 30 s otherwise. Any other
+/// value ends the program with a message and exit status 2: a wrong bound must not pass
+/// unnoticed.
+inline std::chrono::milliseconds wait_bound_from_environment() {
+  constexpr long max_seconds = 86400;  // in milliseconds it still fits an int (epoll_wait)
+  const char* text = std::getenv(wait_seconds_variable);
+  if (text == nullptr) return 30s;
+  const char* end = text + std::strlen(text);
+  long seconds = 0;
+  auto [last, ec] = std::from_chars(text, end, seconds);
+  if (ec != std::errc{} || last != end || seconds < 1 || seconds > max_seconds) {
+    fmt::print(stderr, "error: {}=\"{}\": expected a whole number of seconds from 1 to {}\n",
+               wait_seconds_variable, text, max_seconds);
+    std::exit(2);
+  }
+  return std::chrono::seconds(seconds);
+}
+
 /// Every wait in the examples is bounded, so that a failure never hangs. Generous: under
 /// software emulation on a busy machine a client process can take seconds to start.
-inline constexpr std::chrono::milliseconds wait_bound = 30s;
+/// Read once, before main() (wait_bound_from_environment).
+inline const std::chrono::milliseconds wait_bound = wait_bound_from_environment();
 /// How often a client tries to connect before giving up.
 inline constexpr int connect_attempts = 5;
 
