@@ -258,12 +258,14 @@ inline std::vector<std::uint32_t> rdma_device_indexes(NldevSocket& socket) {
 
 // Objects of each kind, on every device, whose owner is `pid` (RDMA_NLDEV_ATTR_RES_PID);
 // kernel-owned objects carry no pid. pid 0 counts every object that has a pid. This is
-// what `rdma resource show KIND` lists with "pid N".
-inline std::array<long, rdma_kinds.size()> count_rdma(pid_t pid) {
+// what `rdma resource show KIND` lists with "pid N". With `only`, only that kind (an
+// index into rdma_kinds) is read; the others stay 0.
+inline std::array<long, rdma_kinds.size()> count_rdma_kinds(pid_t pid, std::optional<std::size_t> only = std::nullopt) {
   NldevSocket socket;
   std::array<long, rdma_kinds.size()> counts{};
   for (const std::uint32_t device : rdma_device_indexes(socket)) {
     for (std::size_t i = 0; i < nldev_kinds.size(); ++i) {
+      if (only && i != *only) continue;
       const NldevKind& kind = nldev_kinds[i];
       auto on_entry = [&](std::uint16_t type, const unsigned char* value, std::size_t len) {
         if (type != kind.entry) return;
@@ -287,6 +289,13 @@ inline std::array<long, rdma_kinds.size()> count_rdma(pid_t pid) {
     }
   }
   return counts;
+}
+
+// Objects of one kind of rdma_kinds ("cm_id", ...) owned by `pid` (0: by any process).
+inline long count_rdma(std::string_view kind, pid_t pid) {
+  for (std::size_t i = 0; i < rdma_kinds.size(); ++i)
+    if (rdma_kinds[i] == kind) return count_rdma_kinds(pid, i)[i];
+  throw std::invalid_argument("no RDMA ledger kind " + std::string(kind));
 }
 
 // Lines of `rdma resource show KIND` that belong to `pid` ("... pid N comm ..."); pid 0
@@ -328,7 +337,7 @@ inline void open_librdmacm_devices() {
 // netlink command and errno when the kernel's resource tracker cannot be read.
 inline Ledger ledger_of(pid_t pid = ::getpid()) {
   Ledger ledger;
-  ledger.rdma = detail::count_rdma(pid);  // its socket is closed before fds are counted
+  ledger.rdma = detail::count_rdma_kinds(pid);  // its socket is closed before fds are counted
   ledger.fds = detail::count_fds(pid);
   return ledger;
 }
@@ -337,7 +346,7 @@ inline Ledger ledger_of(pid_t pid = ::getpid()) {
 // it held must be gone from here.
 inline Ledger ledger_of_all_processes() {
   Ledger ledger;
-  ledger.rdma = detail::count_rdma(0);
+  ledger.rdma = detail::count_rdma_kinds(0);
   return ledger;
 }
 

@@ -89,6 +89,7 @@ TEST_CASE("the netlink counts equal what `rdma resource show` reports, kind by k
     CHECK(all.rdma[i] >= ledger.rdma[i]);
     CHECK(all.rdma[i] == tool_all[i]);
   }
+  CHECK(reliability::detail::count_rdma("cm_id", ::getpid()) == ledger.count("cm_id"));  // one kind alone
   // A process that holds no RDMA object (pid 1, the guest's init).
   CHECK(reliability::ledger_of(1).rdma == reliability::rdma_tool_counts(1));
   itest::disconnect_both(client, server);
