@@ -298,29 +298,23 @@ inline long count_rdma(std::string_view kind, pid_t pid) {
   throw std::invalid_argument("no RDMA ledger kind " + std::string(kind));
 }
 
-// Lines of `rdma resource show KIND` that belong to `pid` ("... pid N comm ..."); pid 0
-// counts every line that has a pid. Slow (a process per call): for cross-checks only.
-inline long count_rdma_tool(std::string_view kind, pid_t pid) {
+// `rdma resource show KIND`, one line per object. Slow (a process per call): for
+// cross-checks only.
+inline std::vector<std::string> rdma_tool_lines(std::string_view kind) {
   const std::string command = "rdma resource show " + std::string(kind) + " 2>/dev/null";
   FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) throw std::system_error(errno, std::generic_category(), "popen rdma");
-  const std::string want = " pid " + std::to_string(pid) + " ";
-  std::string line;
-  long n = 0;
+  if (pipe == nullptr) throw std::system_error(errno, std::generic_category(), "popen " + command);
+  std::vector<std::string> lines(1);
   for (int c; (c = std::fgetc(pipe)) != EOF;) {
-    if (c != '\n') {
-      line += static_cast<char>(c);
-      continue;
-    }
-    line += ' ';
-    if (pid == 0 ? line.find(" pid ") != std::string::npos : line.find(want) != std::string::npos) ++n;
-    line.clear();
+    if (c == '\n') lines.emplace_back();
+    else lines.back() += static_cast<char>(c);
   }
+  lines.pop_back();  // what follows the last newline
   const int status = ::pclose(pipe);
   if (status != 0)
     throw std::runtime_error("`" + command + "` failed (status " + std::to_string(status) +
                              "): is iproute2's rdma tool installed?");
-  return n;
+  return lines;
 }
 
 }  // namespace detail
@@ -350,12 +344,24 @@ inline Ledger ledger_of_all_processes() {
   return ledger;
 }
 
-// The RDMA counts of `pid` (0: every process) as `rdma resource show KIND` prints them,
-// one tool run per kind (seconds under TCG): the reference ledger_test holds the netlink
-// counts to. Throws when the tool cannot run.
-inline std::array<long, rdma_kinds.size()> rdma_tool_counts(pid_t pid) {
-  std::array<long, rdma_kinds.size()> counts{};
-  for (std::size_t i = 0; i < rdma_kinds.size(); ++i) counts[i] = detail::count_rdma_tool(rdma_kinds[i], pid);
+// The RDMA counts as `rdma resource show KIND` prints them: the lines with "pid PID" and
+// the lines with any pid (kernel-owned objects print none). One tool run per kind (seconds
+// under TCG): the reference ledger_test holds the netlink counts to. Throws when the tool
+// cannot run.
+struct RdmaToolCounts {
+  std::array<long, rdma_kinds.size()> of_pid{};
+  std::array<long, rdma_kinds.size()> of_all_processes{};
+};
+inline RdmaToolCounts rdma_tool_counts(pid_t pid) {
+  RdmaToolCounts counts;
+  const std::string want = " pid " + std::to_string(pid) + " ";
+  for (std::size_t i = 0; i < rdma_kinds.size(); ++i) {
+    for (std::string line : detail::rdma_tool_lines(rdma_kinds[i])) {
+      line = " " + line + " ";
+      if (line.find(want) != std::string::npos) ++counts.of_pid[i];
+      if (line.find(" pid ") != std::string::npos) ++counts.of_all_processes[i];
+    }
+  }
   return counts;
 }
 

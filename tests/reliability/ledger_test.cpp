@@ -81,17 +81,15 @@ TEST_CASE("the netlink counts equal what `rdma resource show` reports, kind by k
   std::cout << "ledger: one read (netlink) takes " << read_time.count() << " s" << std::endl;
   const auto all = reliability::ledger_of_all_processes();
   const auto tool = reliability::rdma_tool_counts(::getpid());
-  const auto tool_all = reliability::rdma_tool_counts(0);
   for (std::size_t i = 0; i < reliability::rdma_kinds.size(); ++i) {
     INFO("kind " << reliability::rdma_kinds[i]);
     CHECK(ledger.rdma[i] >= 1);  // this process holds one of each
-    CHECK(ledger.rdma[i] == tool[i]);
+    CHECK(ledger.rdma[i] == tool.of_pid[i]);
     CHECK(all.rdma[i] >= ledger.rdma[i]);
-    CHECK(all.rdma[i] == tool_all[i]);
+    CHECK(all.rdma[i] == tool.of_all_processes[i]);
   }
   CHECK(reliability::detail::count_rdma("cm_id", ::getpid()) == ledger.count("cm_id"));  // one kind alone
-  // A process that holds no RDMA object (pid 1, the guest's init).
-  CHECK(reliability::ledger_of(1).rdma == reliability::rdma_tool_counts(1));
+  CHECK(reliability::detail::count_rdma_kinds(1) == decltype(ledger.rdma){});  // init holds none
   itest::disconnect_both(client, server);
 }
 
