@@ -20,16 +20,8 @@
 
 namespace {
 
-using namespace std::chrono_literals;
-using namespace itest;
+using namespace itest;  // also the rpmapp names every test uses (support.hpp)
 using rpmapp::AddressKind;
-using rpmapp::Conn;
-using rpmapp::ConnConfig;
-using rpmapp::ConnEvent;
-using rpmapp::ConnReq;
-using rpmapp::Endpoint;
-using rpmapp::errc;
-using rpmapp::Peer;
 using rpmapp::PendingConnReq;
 
 bool starts_with(std::span<const std::byte> data, std::string_view prefix) {

@@ -20,15 +20,7 @@
 
 namespace {
 
-using namespace std::chrono_literals;
-using namespace itest;
-using rpmapp::Conn;
-using rpmapp::ConnConfig;
-using rpmapp::ConnEvent;
-using rpmapp::ConnReq;
-using rpmapp::Endpoint;
-using rpmapp::errc;
-using rpmapp::Peer;
+using namespace itest;  // also the rpmapp names every test uses (support.hpp)
 
 // librdmacm's context of the device named `name` (rdma_get_devices), or null.
 ibv_context* cm_context_of(const std::string& name) {

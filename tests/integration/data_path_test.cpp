@@ -32,21 +32,9 @@
 
 namespace {
 
-using namespace std::chrono_literals;
-using namespace itest;
-using rpmapp::Completion;
-using rpmapp::Conn;
-using rpmapp::ConnConfig;
-using rpmapp::ConnEvent;
-using rpmapp::ConnReq;
+using namespace itest;  // also the rpmapp names every test uses (support.hpp)
 using rpmapp::Cq;
-using rpmapp::Endpoint;
-using rpmapp::errc;
 using rpmapp::FlushType;
-using rpmapp::MrLocal;
-using rpmapp::MrRemote;
-using rpmapp::MrUsage;
-using rpmapp::Peer;
 using rpmapp::PeerConfig;
 using rpmapp::Srq;
 using rpmapp::SrqConfig;

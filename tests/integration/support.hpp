@@ -1,7 +1,9 @@
-// Helpers shared by the rpmapp integration tests (endpoint_test, connection_test,
-// devices_test): Catch2 printing of errc and ConnEvent, failing (never skipping) when
-// $SOFTROCE_IP is unset, MUST/MUST_FAIL, and bounded waits for connection events and
-// requests. raw_cm_test.cpp uses librdmacm directly and does not include this.
+// Helpers shared by the rpmapp integration tests and the reliability suites: Catch2
+// printing of errc and ConnEvent, the rpmapp names every test uses (with
+// `using namespace itest;`), failing (never skipping) when $SOFTROCE_IP is unset,
+// MUST/MUST_FAIL, bounded waits for connection events and requests, and a whole
+// connect/serve/close round. raw_cm_test.cpp uses librdmacm directly and does not include
+// this.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -25,6 +27,20 @@ template <> struct StringMaker<rpmapp::ConnEvent> {
 }  // namespace Catch
 
 namespace itest {
+
+// The names (nearly) every test uses; a test's `using namespace itest;` brings them in.
+using namespace std::chrono_literals;
+using rpmapp::Completion;
+using rpmapp::Conn;
+using rpmapp::ConnConfig;
+using rpmapp::ConnEvent;
+using rpmapp::ConnReq;
+using rpmapp::Endpoint;
+using rpmapp::errc;
+using rpmapp::MrLocal;
+using rpmapp::MrRemote;
+using rpmapp::MrUsage;
+using rpmapp::Peer;
 
 // Generous: the VM may run under TCG (about 5x slower than the host).
 inline constexpr std::chrono::seconds event_wait{10};
@@ -96,6 +112,17 @@ inline void disconnect_both(rpmapp::Conn& client, rpmapp::Conn& server) {
   CHECK(wait_event(server, "server") == rpmapp::ConnEvent::closed);
   MUST(server.disconnect());
   CHECK(wait_event(client, "client") == rpmapp::ConnEvent::closed);
+}
+
+// The endpoint serves: a client on `client_peer` connects to `ep` (listening on `ip`), is
+// accepted, both sides see established and then closed, and both are closed.
+inline void check_serves(const rpmapp::Peer& client_peer, const std::string& ip, rpmapp::Endpoint& ep) {
+  rpmapp::Conn client = start_client(client_peer, ip, port_text(ep));
+  rpmapp::Conn server = MUST(take_request(ep).connect());
+  establish(client, server);
+  disconnect_both(client, server);
+  MUST(std::move(client).close());
+  MUST(std::move(server).close());
 }
 
 }  // namespace itest

@@ -10,13 +10,40 @@
 // and exits 0 when every attempt ended in one of these ways (an attempt never outlives
 // its bound, so the process cannot hang), 1 on a usage or setup error.
 //   fault_client IP PORT ATTEMPTS IN_FLIGHT TIMEOUT_MS
+//
+// Two more roles, each a hostile or restricted process:
+//   fault_client --no-establish IP PORT kill|exit
+// connects with librdmacm directly, WITHOUT a queue pair on its cm_id: librdmacm then
+// hands the REP to the application as RDMA_CM_EVENT_CONNECT_RESPONSE instead of sending
+// the RTU itself (rdma-core librdmacm/cma.c, rdma_get_cm_event; the RTU is sent by
+// ucma_process_conn_resp, reached only through rdma_establish here). On that event it
+// prints "fault_client: connect response after S s" and SIGKILLs itself, or _exit()s
+// without destroying anything: the server has accepted, the connection is never
+// established. Exits 1 when anything before that fails or takes over 20 s.
+//   fault_client --memlock IP UID LIMIT_BYTES REGION_BYTES
+// as root: lowers RLIMIT_MEMLOCK's soft limit to LIMIT_BYTES, becomes UID (setgid, setuid:
+// no capabilities left), opens a Peer on IP and prints "fault_client: memlock ready";
+// after a line on stdin registers 4 KiB (within the limit), then REGION_BYTES (beyond it),
+// then 4 KiB again, prints each outcome ("fault_client: memlock KEY: VALUE"), prints
+// "fault_client: memlock done"; after another line raises the soft limit to the hard one,
+// registers REGION_BYTES again and exits 0 (1 on a setup error). The parent reads the
+// process's ledger at "ready" and at "done".
 #include <rpmapp/rpmapp.hpp>
 
+#include <arpa/inet.h>
+#include <grp.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,11 +87,142 @@ void count_event(Counts& counts, rpmapp::ConnEvent event, rpmapp::Conn& conn) {
   }
 }
 
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "fault_client: %s: %s (errno %d)\n", what, std::strerror(errno), errno);
+  std::exit(1);
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The next CM event on `channel` within 20 s; exits 1 unless it is `expected`.
+void expect_cm_event(rdma_event_channel* channel, rdma_cm_event_type expected) {
+  pollfd p{channel->fd, POLLIN, 0};
+  if (::poll(&p, 1, 20000) != 1) {
+    std::fprintf(stderr, "fault_client: no CM event within 20 s (waiting for %s)\n", rdma_event_str(expected));
+    std::exit(1);
+  }
+  rdma_cm_event* event = nullptr;
+  if (rdma_get_cm_event(channel, &event) != 0) fail("rdma_get_cm_event");
+  const rdma_cm_event_type type = event->event;
+  const int status = event->status;
+  rdma_ack_cm_event(event);
+  if (type != expected) {
+    std::fprintf(stderr, "fault_client: %s (status %d) where %s was expected\n", rdma_event_str(type), status,
+                 rdma_event_str(expected));
+    std::exit(1);
+  }
+}
+
+// Connects without a queue pair and dies when the server's REP arrives (see the top).
+int connect_without_establish(const char* ip, const char* port, bool kill_self) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(std::atoi(port)));
+  if (::inet_pton(AF_INET, ip, &addr.sin_addr) != 1) {
+    std::fprintf(stderr, "fault_client: not an IPv4 address: %s\n", ip);
+    return 1;
+  }
+  rdma_event_channel* channel = rdma_create_event_channel();
+  if (channel == nullptr) fail("rdma_create_event_channel");
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) != 0) fail("rdma_create_id");
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), 2000) != 0) fail("rdma_resolve_addr");
+  expect_cm_event(channel, RDMA_CM_EVENT_ADDR_RESOLVED);
+  if (rdma_resolve_route(id, 2000) != 0) fail("rdma_resolve_route");
+  expect_cm_event(channel, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  rdma_conn_param param{};
+  param.qp_num = 0x1234;  // no queue pair: any number; the server's QP only points at it
+  param.responder_resources = 1;
+  param.initiator_depth = 1;
+  param.retry_count = 6;
+  param.rnr_retry_count = 7;
+  const auto t0 = Clock::now();
+  if (rdma_connect(id, &param) != 0) fail("rdma_connect");
+  expect_cm_event(channel, RDMA_CM_EVENT_CONNECT_RESPONSE);
+  std::printf("fault_client: connect response after %.3f s; %s without rdma_establish\n", seconds_since(t0),
+              kill_self ? "SIGKILL" : "_exit");
+  std::fflush(stdout);
+  if (kill_self) ::raise(SIGKILL);
+  ::_exit(0);
+}
+
+// Reads one line from stdin (the parent's "go on"); false at EOF.
+bool wait_for_parent() {
+  for (int c = std::getchar();; c = std::getchar()) {
+    if (c == EOF) return false;
+    if (c == '\n') return true;
+  }
+}
+
+void report_registration(const char* key, const rpmapp::Peer& peer, std::vector<std::byte>& memory, std::size_t len) {
+  auto mr = rpmapp::MrLocal::reg(peer, memory.data(), len, rpmapp::MrUsage::read_src | rpmapp::MrUsage::write_dst);
+  if (mr) {
+    auto gone = std::move(*mr).dereg();
+    std::printf("fault_client: memlock %s: %s\n", key, gone ? "ok" : gone.error().message().c_str());
+  } else {
+    const rpmapp::Error& e = mr.error();
+    std::printf("fault_client: memlock %s: failed\n", key);
+    std::printf("fault_client: memlock %s call: %s\n", key, std::string(e.call()).c_str());
+    std::printf("fault_client: memlock %s errno: %d\n", key, e.sys_errno());
+    std::printf("fault_client: memlock %s errc: %s\n", key, std::string(rpmapp::to_string(e.code())).c_str());
+    std::printf("fault_client: memlock %s message: %s\n", key, e.message().c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Registration under a small RLIMIT_MEMLOCK as an unprivileged user (see the top).
+int memlock_as_user(const char* ip, long uid, long limit, long region) {
+  rlimit memlock{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) fail("getrlimit");
+  memlock.rlim_cur = static_cast<rlim_t>(limit);
+  if (::setrlimit(RLIMIT_MEMLOCK, &memlock) != 0) fail("setrlimit");
+  // Dropping root: the group first (setgid needs the privilege setuid gives up).
+  if (::setgroups(0, nullptr) != 0) fail("setgroups");
+  if (::setgid(static_cast<gid_t>(uid)) != 0) fail("setgid");
+  if (::setuid(static_cast<uid_t>(uid)) != 0) fail("setuid");
+  if (::setuid(0) == 0) {
+    std::fprintf(stderr, "fault_client: still able to become root\n");
+    return 1;
+  }
+  auto peer = rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local);
+  if (!peer) {
+    std::fprintf(stderr, "fault_client: Peer::from_address: %s\n", peer.error().message().c_str());
+    return 1;
+  }
+  std::vector<std::byte> memory(static_cast<std::size_t>(region));
+  std::printf("fault_client: memlock uid: %d\nfault_client: memlock euid: %d\n", static_cast<int>(::getuid()),
+              static_cast<int>(::geteuid()));
+  std::printf("fault_client: memlock ready\n");
+  std::fflush(stdout);
+  if (!wait_for_parent()) return 1;
+  report_registration("within", *peer, memory, 4096);
+  report_registration("over", *peer, memory, memory.size());
+  report_registration("within_after", *peer, memory, 4096);
+  std::printf("fault_client: memlock done\n");
+  std::fflush(stdout);
+  if (!wait_for_parent()) return 1;
+  memlock.rlim_cur = memlock.rlim_max;  // an unprivileged process may raise it up to the hard limit
+  if (::setrlimit(RLIMIT_MEMLOCK, &memlock) != 0) fail("setrlimit (raise)");
+  report_registration("raised", *peer, memory, memory.size());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--no-establish") == 0 &&
+      (std::strcmp(argv[4], "kill") == 0 || std::strcmp(argv[4], "exit") == 0))
+    return connect_without_establish(argv[2], argv[3], std::strcmp(argv[4], "kill") == 0);
+  if (argc == 6 && std::strcmp(argv[1], "--memlock") == 0)
+    return memlock_as_user(argv[2], number(argv[3], "UID"), number(argv[4], "LIMIT_BYTES"),
+                           number(argv[5], "REGION_BYTES"));
   if (argc != 6) {
-    std::fprintf(stderr, "usage: fault_client IP PORT ATTEMPTS IN_FLIGHT TIMEOUT_MS\n");
+    std::fprintf(stderr,
+                 "usage: fault_client IP PORT ATTEMPTS IN_FLIGHT TIMEOUT_MS\n"
+                 "       fault_client --no-establish IP PORT kill|exit\n"
+                 "       fault_client --memlock IP UID LIMIT_BYTES REGION_BYTES\n");
     return 1;
   }
   const std::string ip = argv[1], port = argv[2];
