@@ -95,11 +95,10 @@ void through_fake(std::uint8_t flags, std::string_view addr, std::string_view po
   fake::FakeProvider fake;
   fake.watchdog = std::chrono::milliseconds(200);
   {
-    auto peer = Peer::open(fake.context(0));
-    FUZZ_CHECK_MSG(peer.has_value(), peer.error().message());
+    Peer peer = fuzz::open_peer(fake);
     const auto port_value = model_port(port);
     if (flags & 1) {
-      auto ep = Endpoint::listen(*peer, addr, port);
+      auto ep = Endpoint::listen(peer, addr, port);
       const bool valid = port_value && (detail::is_wildcard(addr) || model_address(addr));
       if (!ep) {
         check_result_error(ep.error(), valid);
@@ -117,7 +116,7 @@ void through_fake(std::uint8_t flags, std::string_view addr, std::string_view po
     if (flags & 2) {
       ConnConfig cfg;
       cfg.timeout = std::chrono::milliseconds(50);
-      auto req = ConnReq::to(*peer, addr, port, cfg);
+      auto req = ConnReq::to(peer, addr, port, cfg);
       const bool valid = port_value && *port_value != 0 && model_address(addr);
       if (!req) {
         check_result_error(req.error(), valid);
@@ -140,12 +139,6 @@ void through_fake(std::uint8_t flags, std::string_view addr, std::string_view po
 }
 
 }  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::install_catch_capture();
-  fuzz::check_logs();
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::Reader in(data, size);

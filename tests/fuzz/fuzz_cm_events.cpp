@@ -239,12 +239,6 @@ void run(World& w, fuzz::Reader& in) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::install_catch_capture();
-  fuzz::check_logs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::Reader in(data, size);
   const std::uint8_t flags = in.u8();
@@ -252,9 +246,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fake.watchdog = std::chrono::milliseconds(100);
   fake.auto_resolve = (flags & 1) == 0;
   {
-    auto peer = Peer::open(fake.context(0));
-    FUZZ_CHECK_MSG(peer.has_value(), peer.error().message());
-    World w{fake, std::move(*peer), {}, {}, {}, {}, {}, {}};
+    World w{fake, fuzz::open_peer(fake), {}, {}, {}, {}, {}, {}};
     run(w, in);
     if (flags & 2) w.loop.reset();  // the loop goes first: registrations must survive it
     // The rest goes in declaration order reversed (registrations, loop, conns, ...).

@@ -4,6 +4,10 @@
 #include "fake_provider.hpp"
 #include "fuzz_support.hpp"
 
+#include <rpmapp/peer.hpp>
+
+#include <utility>
+
 namespace fuzz {
 
 /// Every cm_id, channel, fd, queue... the fake handed out was released, and the fake
@@ -15,6 +19,13 @@ inline void check_clean(const fake::FakeProvider& fake) {
     for (const auto& c : fake.calls()) calls += c + " ";
     broken(__FILE__, __LINE__, "the fake provider is clean", problems + "calls: " + calls);
   }
+}
+
+/// A Peer on the fake's first device (opening it cannot fail on a fresh fake).
+inline rpmapp::Peer open_peer(fake::FakeProvider& fake) {
+  auto peer = rpmapp::Peer::open(fake.context(0));
+  FUZZ_CHECK_MSG(peer.has_value(), peer.error().message());
+  return std::move(*peer);
 }
 
 }  // namespace fuzz

@@ -163,21 +163,14 @@ void client(fake::FakeProvider& fake, const Peer& peer, fuzz::Reader& in) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::install_catch_capture();
-  fuzz::check_logs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::Reader in(data, size);
   fake::FakeProvider fake;
   fake.watchdog = std::chrono::milliseconds(200);
   {
-    auto peer = Peer::open(fake.context(0));
-    FUZZ_CHECK_MSG(peer.has_value(), peer.error().message());
-    if (in.flag()) server(fake, *peer, in);
-    else client(fake, *peer, in);
+    Peer peer = fuzz::open_peer(fake);
+    if (in.flag()) server(fake, peer, in);
+    else client(fake, peer, in);
   }
   fuzz::check_clean(fake);
   return 0;

@@ -327,12 +327,9 @@ TEST_CASE("issue 8.3: reject private data is limited to the IB CM's 148 bytes",
 
 TEST_CASE("ConnReq::reject: each provider call fails in turn", "[conn_req][fail-each]") {
   for (std::uint32_t rcq : {0u, 4u}) {
-    std::vector<std::string> calls = {"rdma_reject", "rdma_destroy_qp", "ibv_destroy_cq"};
-    if (rcq) calls.push_back("ibv_destroy_cq");
-    calls.push_back("ibv_destroy_comp_channel");
-    if (rcq) calls.push_back("ibv_destroy_comp_channel");  // the receive CQ's own channel
-    calls.insert(calls.end(), {"rdma_destroy_id",
-                               "rdma_destroy_event_channel"});
+    std::vector<std::string> calls = {"rdma_reject"};
+    const auto teardown = teardown_calls(rcq != 0);
+    calls.insert(calls.end(), teardown.begin(), teardown.end());
     fail_each_call(calls, kErr, [&](fake::FakeProvider& fake, Probe& probe) {
       Peer peer = open_peer(fake);
       Endpoint ep = listen_on(peer, "169.254.77.1");

@@ -16,11 +16,6 @@ expected<ConnEvent> next(Conn& conn, Variant v) {
   return conn.next_event();
 }
 
-Conn connect_out(const Peer& peer) {
-  auto conn = outgoing(peer).connect(as_bytes("hello"));
-  REQUIRE(conn);
-  return std::move(*conn);
-}
 }  // namespace
 
 TEST_CASE("Conn::next_event maps every CM event", "[conn]") {
@@ -52,7 +47,7 @@ TEST_CASE("Conn::next_event maps every CM event", "[conn]") {
       fake::FakeProvider fake;
       {
         Peer peer = open_peer(fake);
-        Conn conn = connect_out(peer);
+        Conn conn = connect_out(peer, "hello");
         fake.inject_event(*conn.fd(), c.type);
         auto ev = next(conn, v);
         CHECK(fake.alive("unacked_event") == 0);  // acknowledged in every case
@@ -77,7 +72,7 @@ TEST_CASE("Conn: the accept's and the reject's private data", "[conn]") {
   fake::FakeProvider fake;
   Peer peer = open_peer(fake);
   SECTION("established: the accept's data, padded to 196") {
-    Conn conn = connect_out(peer);
+    Conn conn = connect_out(peer, "hello");
     CHECK(conn.private_data()->empty());
     fake.inject_event(*conn.fd(), RDMA_CM_EVENT_ESTABLISHED, "welcome");
     CHECK(*conn.try_next_event() == ConnEvent::established);
@@ -93,7 +88,7 @@ TEST_CASE("Conn: the accept's and the reject's private data", "[conn]") {
     CHECK(as_text(std::span<const std::byte>(big.bytes)) == "welcome");
   }
   SECTION("rejected: the reject's data") {
-    Conn conn = connect_out(peer);
+    Conn conn = connect_out(peer, "hello");
     fake.inject_event(*conn.fd(), RDMA_CM_EVENT_REJECTED, "go away", 28);
     CHECK(*conn.try_next_event() == ConnEvent::rejected);
     CHECK(as_text(*conn.private_data()) == "go away");
@@ -120,7 +115,7 @@ TEST_CASE("issue 8.9: closed is reported once per connection", "[conn][issue8]")
       fake::FakeProvider fake;
       {
         Peer peer = open_peer(fake);
-        Conn conn = connect_out(peer);
+        Conn conn = connect_out(peer, "hello");
         fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
         fake.inject_event(*conn.fd(), RDMA_CM_EVENT_TIMEWAIT_EXIT);
         auto first = next(conn, v);
@@ -142,7 +137,7 @@ TEST_CASE("issue 8.9: closed is reported once per connection", "[conn][issue8]")
       fake::FakeProvider fake;
       {
         Peer peer = open_peer(fake);
-        Conn conn = connect_out(peer);
+        Conn conn = connect_out(peer, "hello");
         fake.inject_event(*conn.fd(), RDMA_CM_EVENT_TIMEWAIT_EXIT);
         auto first = next(conn, v);
         REQUIRE(first);
@@ -160,7 +155,7 @@ TEST_CASE("issue 8.9: closed is reported once per connection", "[conn][issue8]")
       fake::FakeProvider fake;
       {
         Peer peer = open_peer(fake);
-        Conn conn = connect_out(peer);
+        Conn conn = connect_out(peer, "hello");
         fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
         fake.inject_event(*conn.fd(), RDMA_CM_EVENT_TIMEWAIT_EXIT);
         fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DEVICE_REMOVAL);
@@ -178,7 +173,7 @@ TEST_CASE("issue 8.9: closed is reported once per connection", "[conn][issue8]")
 TEST_CASE("Conn::next_event: nothing pending is no_event", "[conn]") {
   fake::FakeProvider fake;
   Peer peer = open_peer(fake);
-  Conn conn = connect_out(peer);
+  Conn conn = connect_out(peer, "hello");
   CHECK(conn.try_next_event().error().code() == errc::no_event);
   CHECK(conn.next_event_for(1ms).error().code() == errc::no_event);
   // The fd is non-blocking; an empty read is no_event for try_, the blocking call reads
@@ -204,7 +199,7 @@ TEST_CASE("Conn::next_event: each provider call fails in turn", "[conn][fail-eac
     for (int err : {kErr, ENOMEM, EAGAIN}) {
       fail_each_call(calls, err, [&](fake::FakeProvider& fake, Probe& probe) {
         Peer peer = open_peer(fake);
-        Conn conn = connect_out(peer);
+        Conn conn = connect_out(peer, "hello");
         fake.inject_event(*conn.fd(), RDMA_CM_EVENT_ESTABLISHED, "accepted");
         probe.begin();
         auto ev = next(conn, v);
@@ -234,7 +229,7 @@ TEST_CASE("Conn::next_event: each provider call fails in turn", "[conn][fail-eac
 TEST_CASE("Conn::disconnect", "[conn][fail-each]") {
   fail_each_call({"rdma_disconnect"}, kErr, [](fake::FakeProvider& fake, Probe& probe) {
     Peer peer = open_peer(fake);
-    Conn conn = connect_out(peer);
+    Conn conn = connect_out(peer, "hello");
     probe.begin();
     auto done = conn.disconnect();
     probe.end();
@@ -253,12 +248,7 @@ TEST_CASE("Conn::disconnect", "[conn][fail-each]") {
 TEST_CASE("Conn::close: each provider call fails in turn", "[conn][fail-each]") {
   for (bool incoming : {true, false}) {
     for (std::uint32_t rcq : {0u, 3u}) {
-      std::vector<std::string> calls = {"rdma_destroy_qp", "ibv_destroy_cq"};
-      if (rcq) calls.push_back("ibv_destroy_cq");
-      calls.push_back("ibv_destroy_comp_channel");
-      if (rcq) calls.push_back("ibv_destroy_comp_channel");  // the receive CQ's own channel
-      calls.insert(calls.end(), {"rdma_destroy_id",
-                                 "rdma_destroy_event_channel"});
+      const std::vector<std::string> calls = teardown_calls(rcq != 0);
       fail_each_call(calls, kErr, [&](fake::FakeProvider& fake, Probe& probe) {
         Peer peer = open_peer(fake);
         Endpoint ep = listen_on(peer, "169.254.77.1");
@@ -285,7 +275,7 @@ TEST_CASE("Conn::close: each provider call fails in turn", "[conn][fail-each]") 
 TEST_CASE("a moved-from Conn: every call is inval", "[conn][moved]") {
   fake::FakeProvider fake;
   Peer peer = open_peer(fake);
-  Conn conn = connect_out(peer);
+  Conn conn = connect_out(peer, "hello");
   Conn other = std::move(conn);
   const auto mark = fake.mark();
   CHECK_FALSE(conn);

@@ -12,15 +12,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-ibv_wc completion(std::uint64_t wr_id, ibv_wc_status status = IBV_WC_SUCCESS,
-                  ibv_wc_opcode opcode = IBV_WC_RDMA_WRITE) {
-  ibv_wc wc{};
-  wc.wr_id = wr_id;
-  wc.status = status;
-  wc.opcode = opcode;
-  return wc;
-}
-
 /// Completions poisoned with 0xAB bytes: a caller's buffer, to prove a failed call did not
 /// write it.
 template <std::size_t N> struct PoisonedWcs {
@@ -34,13 +25,6 @@ template <std::size_t N> struct PoisonedWcs {
     return true;
   }
 };
-
-/// How long `f` took.
-template <class F> std::chrono::steady_clock::duration timed(F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::steady_clock::now() - start;
-}
 
 /// ibv_poll_cq sets no errno: a negative return is a provider error that says what it was.
 void check_poll_cq_returned(const Error& e, int returned) {

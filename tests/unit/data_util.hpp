@@ -61,6 +61,16 @@ inline MrRemote remote(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey
   return *r;
 }
 
+/// A work completion for the fake's queues (fake::FakeProvider::add_completion).
+inline ibv_wc completion(std::uint64_t wr_id, ibv_wc_status status = IBV_WC_SUCCESS,
+                         ibv_wc_opcode opcode = IBV_WC_RDMA_WRITE) {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  return wc;
+}
+
 /// The fake's post log since `from` entries.
 inline std::vector<fake::PostedWr> posted_since(const fake::FakeProvider& fake, std::size_t from) {
   auto all = fake.posted();

@@ -117,21 +117,6 @@ struct LogCapture {
   }
 };
 
-ibv_wc completion(std::uint64_t wr_id) {
-  ibv_wc wc{};
-  wc.wr_id = wr_id;
-  wc.status = IBV_WC_SUCCESS;
-  wc.opcode = IBV_WC_SEND;
-  return wc;
-}
-
-Conn connect_out(const Peer& peer) {
-  auto conn = outgoing(peer).connect();
-  INFO((conn ? std::string() : conn.error().message()));
-  REQUIRE(conn);
-  return std::move(*conn);
-}
-
 /// The fds in the loop's epoll set besides its own eventfd.
 std::size_t watched_sources(const fake::FakeProvider& fake, const EventLoop& loop) {
   auto set = fake.watched(loop.core()->epfd);

@@ -66,12 +66,6 @@ std::string failed(const char* call) { return detail::provider_error(call, kErr)
 Record warning(const char* where, const char* call) { return {LogLevel::warning, where, failed(call)}; }
 Record notice(const char* where, const char* call) { return {LogLevel::notice, where, failed(call)}; }
 
-Conn connect_out(const Peer& peer) {
-  auto conn = outgoing(peer).connect();
-  REQUIRE(conn);
-  return std::move(*conn);
-}
-
 }  // namespace
 
 TEST_CASE("log: nothing is installed by default, the threshold is warning", "[log]") {

@@ -7,45 +7,8 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
-#include <thread>
-
 using namespace test;
 using namespace std::chrono_literals;
-
-namespace {
-
-ibv_wc completion(std::uint64_t wr_id) {
-  ibv_wc wc{};
-  wc.wr_id = wr_id;
-  wc.status = IBV_WC_SUCCESS;
-  wc.opcode = IBV_WC_RDMA_WRITE;
-  return wc;
-}
-
-/// Runs `fn` on another thread after `delay`; joins on destruction.
-class Later {
- public:
-  template <class F>
-  Later(std::chrono::milliseconds delay, F fn)
-      : thread_([delay, fn = std::move(fn)]() mutable {
-          std::this_thread::sleep_for(delay);
-          fn();
-        }) {}
-  ~Later() { thread_.join(); }
-  Later(const Later&) = delete;
-  Later& operator=(const Later&) = delete;
-
- private:
-  std::thread thread_;
-};
-
-template <class F> std::chrono::steady_clock::duration timed(F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::steady_clock::now() - start;
-}
-
-}  // namespace
 
 TEST_CASE("signals: Conn::next_event, next_event_for retry EINTR and report the event",
           "[signals]") {

@@ -506,6 +506,47 @@ TEMPLATE_TEST_CASE("awaitables: the result, and cancellation by each cause, each
   CHECK(fake.closed_while_watched() == 0);
 }
 
+TEST_CASE("a frame destroyed while its resumption is posted last: work posted afterwards still runs, the "
+          "destroyed one never does",
+          "[task][await][mutants][ctl-loop-posted-tail-dangling]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    EventSubject first(fake), second(fake);
+    Outcome<expected<ConnEvent>> kept, dropped;
+    Eager kept_co = eager_once(maker(first, loop), kept);
+    std::optional<Eager> dropped_co(eager_once(maker(second, loop), dropped));
+    REQUIRE(kept.suspended());
+    REQUIRE(dropped.suspended());
+    // Each destroyed source posts its awaiter's resumption: `dropped` is the last posted.
+    first.destroy_source();
+    second.destroy_source();
+    CHECK(kept.resumed == 0);
+    CHECK(dropped.resumed == 0);
+    dropped_co.reset();  // its awaiter leaves the posted work with the frame
+
+    // Posted after the removal: it must be linked behind `kept`, not behind the freed
+    // frame's awaiter (ASan would report the write; without it the task would never run).
+    int later = 0;
+    REQUIRE(spawn(loop, [](int& ran) -> Task<void> {
+      ++ran;
+      co_return;
+    }(later)));
+    REQUIRE(loop.run_once(0ms));
+    CHECK(kept.resumed == 1);
+    REQUIRE(kept.result.has_value());
+    REQUIRE_FALSE(*kept.result);
+    check_error(kept.result->error(), errc::inval, EventSubject::call, "destroyed or closed");
+    CHECK(later == 1);
+    settle(loop);
+    CHECK(kept.resumed == 1);
+    CHECK(later == 1);
+    CHECK(dropped.resumed == 0);
+    check_only_wakefd(fake, loop);
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("sleep_for: resumes after the duration with success", "[task][await]") {
   fake::FakeProvider fake;
   {

@@ -9,9 +9,11 @@
 
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,30 @@ using namespace rpmapp;
 inline constexpr int kErr = ENOTRECOVERABLE;
 
 inline std::string str(std::string_view s) { return std::string(s); }
+
+/// Runs `f` and returns how long it took.
+template <class F> std::chrono::steady_clock::duration timed(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::steady_clock::now() - start;
+}
+
+/// Runs `fn` on another thread after `delay`; joins on destruction.
+class Later {
+ public:
+  template <class F>
+  Later(std::chrono::milliseconds delay, F fn)
+      : thread_([delay, fn = std::move(fn)]() mutable {
+          std::this_thread::sleep_for(delay);
+          fn();
+        }) {}
+  ~Later() { thread_.join(); }
+  Later(const Later&) = delete;
+  Later& operator=(const Later&) = delete;
+
+ private:
+  std::thread thread_;
+};
 
 inline Peer open_peer(fake::FakeProvider& fake, int device = 0) {
   auto peer = Peer::open(fake.context(device));
@@ -53,6 +79,25 @@ inline ConnReq outgoing(const Peer& peer, std::string_view addr = "169.254.77.9"
   INFO((r ? std::string() : r.error().message()));
   REQUIRE(r);
   return std::move(*r);
+}
+
+/// An outgoing request connected with `private_data`: rdma_connect made, no event yet.
+inline Conn connect_out(const Peer& peer, std::string_view private_data = {}) {
+  auto conn = outgoing(peer).connect(as_bytes(private_data));
+  INFO((conn ? std::string() : conn.error().message()));
+  REQUIRE(conn);
+  return std::move(*conn);
+}
+
+/// The provider calls that release a connection's resources, in order: its queue pair, its
+/// CQ (and its own receive CQ), their completion channels, its cm_id and event channel.
+inline std::vector<std::string> teardown_calls(bool own_rcq) {
+  std::vector<std::string> calls = {"rdma_destroy_qp", "ibv_destroy_cq"};
+  if (own_rcq) calls.push_back("ibv_destroy_cq");
+  calls.push_back("ibv_destroy_comp_channel");
+  if (own_rcq) calls.push_back("ibv_destroy_comp_channel");  // the receive CQ's own channel
+  calls.insert(calls.end(), {"rdma_destroy_id", "rdma_destroy_event_channel"});
+  return calls;
 }
 
 /// The errc a provider failure with `err` in `call` must become.

@@ -19,36 +19,6 @@ fake::Request request(const char* text, std::uint16_t port = 40001) {
   return {0, text, "169.254.77.20", port};
 }
 
-/// Runs `f` and returns how long it took.
-template <class F>
-clock_type::duration timed(F&& f) {
-  const auto start = clock_type::now();
-  f();
-  return clock_type::now() - start;
-}
-
-/// `fn` in another thread after `delay` (joined by the destructor).
-class Later {
- public:
-  template <class F>
-  Later(std::chrono::milliseconds delay, F fn)
-      : thread_([delay, fn = std::move(fn)]() mutable {
-          std::this_thread::sleep_for(delay);
-          fn();
-        }) {}
-  ~Later() { thread_.join(); }
-  Later(const Later&) = delete;
-  Later& operator=(const Later&) = delete;
-
- private:
-  std::thread thread_;
-};
-
-Conn connect_out(const Peer& peer) {
-  auto conn = outgoing(peer).connect(as_bytes("hello"));
-  REQUIRE(conn);
-  return std::move(*conn);
-}
 
 }  // namespace
 
@@ -116,7 +86,7 @@ TEST_CASE("issue 8.2: readable, then the event is gone: try and bounded waits gi
     CHECK(fake.taken_after_poll() == 4);
 
     // The same for a connection's and an outgoing request's channel.
-    Conn conn = connect_out(peer);
+    Conn conn = connect_out(peer, "hello");
     fake.inject_event(*conn.fd(), RDMA_CM_EVENT_ESTABLISHED);
     fake.take_after_poll(*conn.fd());
     auto ev = conn.next_event_for(100ms);
@@ -219,7 +189,7 @@ TEST_CASE("issue 8.2: an event librdmacm consumes itself: try and bounded waits 
       CHECK(as_text(*req->private_data()) == "later");
     }
 
-    Conn conn = connect_out(peer);
+    Conn conn = connect_out(peer, "hello");
     fake.inject_internal_event(*conn.fd());
     auto ev = conn.try_next_event();
     REQUIRE_FALSE(ev);
@@ -315,7 +285,7 @@ TEST_CASE("issue 8.m: negative timeouts return at once, as the try_ calls", "[wa
     REQUIRE_FALSE(req);
     CHECK(req.error().code() == errc::no_event);
 
-    Conn conn = connect_out(peer);
+    Conn conn = connect_out(peer, "hello");
     expected<ConnEvent> ev = unexpected(Error(errc::unknown, 0, ""));
     CHECK(timed([&] { ev = conn.next_event_for(-5ms); }) < watchdog / 2);
     REQUIRE_FALSE(ev);

@@ -1,0 +1,9 @@
+// libFuzzer's start-up hook for the targets that run the fake provider (one definition,
+// linked into each of them: a weak symbol is not taken from a static library).
+#include "fuzz_support.hpp"
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  fuzz::install_catch_capture();  // the fake's REQUIRE/CHECK outside a Catch2 run
+  fuzz::check_logs();
+  return 0;
+}
