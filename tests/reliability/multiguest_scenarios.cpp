@@ -603,7 +603,8 @@ void c_client() {
 
 // ================================================================ d: link cut for good
 // Both sides have a recv posted, then the client's guest link is cut and each side posts a
-// send: each send fails with IBV_WC_RETRY_EXC_ERR (retry_count 6, ~15 s on rxe).
+// send: each send fails with IBV_WC_RETRY_EXC_ERR (retry_count 6, ~15 s on rxe), and the
+// connection then reports lost.
 void d_side(bool server) {
   open_ledger();
   const auto baseline = reliability::ledger_of();
@@ -638,6 +639,7 @@ void d_side(bool server) {
     // is timed when it comes; after the failed send, 10 s more for an event to follow.
     std::optional<ibv_wc> wc;
     double detect = 0;
+    double lost_at = -1;
     std::string events;
     while (Clock::now() < posted + 40s && (!wc || since(posted) < detect + 10)) {
       if (!wc) {
@@ -654,6 +656,7 @@ void d_side(bool server) {
         if (*ev == rpmapp::ConnEvent::unreachable) measure("unreachable_after_send_s", since(posted));
         if (*ev == rpmapp::ConnEvent::lost || *ev == rpmapp::ConnEvent::closed)
           measure(name + "_after_send_s", since(posted));
+        if (*ev == rpmapp::ConnEvent::lost && lost_at < 0) lost_at = since(posted);
       } else if (ev.error().code() != rpmapp::errc::no_event) {
         fail("Conn::try_next_event: " + ev.error().message());
       }
@@ -667,6 +670,9 @@ void d_side(bool server) {
     say("send failed after " + std::to_string(detect) + " s: " + checked.error().message());
     measure("retry_exc_s", detect);
     say("connection events up to 10 s after the failed send: " + (events.empty() ? "none" : events));
+    // rdma_cm reports nothing; the failed completion, once read, makes the connection lost.
+    if (lost_at < 0) fail("the connection did not report lost after its send failed with retry exceeded");
+    if (lost_at < detect) fail("lost came before the failed completion was read");
     MUST(conn.disconnect());
     auto recv_wc = completion_of(conn, 31, 10s, "posted recv");
     if (recv_wc.status == IBV_WC_SUCCESS) fail("the posted recv succeeded across a dead link");
@@ -732,6 +738,13 @@ std::string event_text(rpmapp::Conn& conn, std::chrono::milliseconds timeout) {
   if (ev) return std::string(rpmapp::to_string(*ev));
   if (ev.error().code() == rpmapp::errc::no_event) return "none";
   fail("Conn::next_event_for: " + ev.error().message());
+}
+
+// After a completion failed with retry exceeded, the connection's next event is `lost`.
+void expect_lost(rpmapp::Conn& conn, const std::string& who) {
+  const std::string event = event_text(conn, 3s);
+  say(who + ": next_event_for(3 s) after the failed send: " + event);
+  if (event != "lost") fail(who + ": the connection reported " + event + " after a retry-exceeded completion, not lost");
 }
 
 // Waits `timeout` for the completions of `ctxs` on `conn` (any order); each must fail.
@@ -874,8 +887,7 @@ void e_serve_until_cut(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>
       " s after posting): " + wc_text(*failed_send));
   measure("server_send_retry_exc_after_cut_s", detect);
   say(who + ": events up to the failure: " + (events.empty() ? "none" : events));
-  // Logged, not asserted: whether next_event reports the failed connection (lost).
-  say(who + ": next_event_for(3 s) after the failed send: " + event_text(conn, 3s));
+  expect_lost(conn, who);
   const auto disconnected = Clock::now();
   MUST(conn.disconnect());
   std::vector<std::uint64_t> left;
@@ -1147,9 +1159,7 @@ void e_client3() {
       for (int i = 0; i < e_conns; ++i) {
         say("connection " + std::to_string(i) + ": events up to the failure: " +
             (events[i].empty() ? "none" : events[i]));
-        // Logged, not asserted: whether next_event reports the failed connection (lost).
-        say("connection " + std::to_string(i) + ": next_event_for(3 s) after the failed send: " +
-            event_text(conns[i], 3s));
+        expect_lost(conns[i], "connection " + std::to_string(i));
       }
       for (int i = 0; i < e_conns; ++i) {
         MUST(conns[i].disconnect());
