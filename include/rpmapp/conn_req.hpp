@@ -366,7 +366,7 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
     core->config = config;
     core->config.srq = nullptr;  // the queue is held by core->srq from here on
     if (auto ok = detail::attach_srq(call, *core, config); !ok) return detail::fail(ok.error());
-    auto info = detail::get_addr_info(std::string(addr), std::string(port), false);
+    auto info = detail::get_addr_info(addr, port, false);
     if (!info) return detail::fail(info.error());
     errno = 0;
     core->channel.reset(p.create_event_channel());

@@ -186,7 +186,7 @@ class Peer {
         // Destroyed on the way out: a failure there is logged (notice when this call fails).
         detail::CmId id(raw, detail::CmIdDeleter{false, detail::current_provider,
                                                  {call, LogLevel::notice}});
-        auto info = detail::get_addr_info(std::string(addr), {}, kind == AddressKind::local);
+        auto info = detail::get_addr_info(addr, {}, kind == AddressKind::local);
         if (!info) return detail::fail(info.error());
         errno = 0;
         if (kind == AddressKind::local) {

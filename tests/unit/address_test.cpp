@@ -8,6 +8,7 @@
 #include <net/if.h>
 
 #include <cstring>
+#include <random>
 #include <string>
 
 using namespace test;
@@ -252,4 +253,31 @@ TEST_CASE("issue 8.8: an accepted link-local peer gets a scope rdma_cm does not 
   local4->sin_family = peer4->sin_family = AF_INET;
   REQUIRE(inet_pton(AF_INET, "169.254.77.2", &peer4->sin_addr) == 1);
   CHECK(detail::peer_address_of(&id) == "169.254.77.2");
+}
+
+TEST_CASE("parse_ipv4 accepts and refuses exactly what inet_pton(AF_INET) does") {
+  const auto agree = [](const std::string& text) {
+    in_addr ours{}, theirs{};
+    std::memset(&ours, 0xa5, sizeof ours);
+    const in_addr sentinel = ours;
+    const bool parsed = detail::parse_ipv4(text, &ours);
+    const bool want = inet_pton(AF_INET, text.c_str(), &theirs) == 1;
+    INFO("\"" << text << "\"");
+    REQUIRE(parsed == want);
+    if (parsed) REQUIRE(ours.s_addr == theirs.s_addr);
+    else REQUIRE(ours.s_addr == sentinel.s_addr);  // untouched on failure
+  };
+  for (const char* text : {"0.0.0.0", "255.255.255.255", "169.254.77.1", "1.2.3.4", "01.2.3.4",
+                           "1.2.3.04", "1.2.3.256", "1.2.3", "1.2.3.4.", ".1.2.3.4", "1..2.3",
+                           "1.2.3.4.5", "1234.1.1.1", "1.2.3.0000", " 1.2.3.4", "1.2.3.4 ",
+                           "1.2.3.-4", "1.2.3.+4", "0x1.2.3.4", "", ".", "...", "1.2.3.4%lo",
+                           "::1", "999.1.1.1", "255.255.255.2555", "00.0.0.0", "0.0.0.00"})
+    agree(text);
+  std::mt19937 random(12345);  // fixed: the same strings every run
+  const std::string alphabet = "0123456789..x-";
+  for (int i = 0; i < 200000; ++i) {
+    std::string text(random() % 18, ' ');
+    for (char& c : text) c = alphabet[random() % alphabet.size()];
+    agree(text);
+  }
 }

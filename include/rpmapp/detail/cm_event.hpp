@@ -27,18 +27,21 @@ struct Wait {
 };
 
 /// The end of a wait, fixed when the wait starts, so that retries and the several events
-/// one call handles share the caller's bound.
+/// one call handles share the caller's bound. Wait::none() reads no clock: it has passed
+/// from the start.
 class Deadline {
  public:
   using clock = std::chrono::steady_clock;
   explicit Deadline(Wait wait) noexcept
-      : forever_(wait.ms < 0), end_(clock::now() + std::chrono::milliseconds(wait.ms < 0 ? 0 : wait.ms)) {}
+      : forever_(wait.ms < 0),
+        end_(wait.ms <= 0 ? clock::time_point::min() : clock::now() + std::chrono::milliseconds(wait.ms)) {}
   bool forever() const noexcept { return forever_; }
-  bool passed() const noexcept { return !forever_ && clock::now() >= end_; }
+  bool passed() const noexcept { return !forever_ && (now_passed() || clock::now() >= end_); }
   /// poll's timeout for the time left: -1 forever, else the ms left rounded up (0 when
   /// passed), so that poll never returns before the deadline.
   int poll_timeout() const noexcept {
     if (forever_) return -1;
+    if (now_passed()) return 0;
     const auto left = end_ - clock::now();
     if (left <= clock::duration::zero()) return 0;
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
@@ -46,6 +49,7 @@ class Deadline {
   }
 
  private:
+  bool now_passed() const noexcept { return end_ == clock::time_point::min(); }
   bool forever_;
   clock::time_point end_;
 };
@@ -67,15 +71,22 @@ inline expected<void> make_nonblocking(rdma_event_channel* channel) noexcept {
   return {};
 }
 
-/// The next event of `channel` (to be acknowledged by the caller through CmEvent), waiting
-/// until `deadline`: poll for the time left, then a (non-blocking) read; an empty read
-/// (another reader took the event, or librdmacm consumed it) goes back to poll. A signal
-/// (EINTR from poll or from the read) does not end the wait: it is retried with the time
-/// left. The calls go through `p` (the provider that made the channel, for teardown).
-/// Errors: no_event (nothing by the deadline), provider (poll, rdma_get_cm_event).
-inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadline& deadline,
-                                       const Provider& p = provider()) noexcept {
-  int empty_read = 0;  // errno of the last read that found nothing
+/// A provider call that failed in poll_cm_event: its name (nullptr when none did) and errno.
+struct CmReadFailure {
+  const char* call = nullptr;
+  int sys_errno = 0;
+};
+
+/// One look for the next event of `channel`: poll for the time left until `deadline`,
+/// then a (non-blocking) read; a signal (EINTR from poll or the read) is retried with the
+/// time left. nullptr when there is none: poll found nothing in time, or the read was empty
+/// (another reader took the event, or librdmacm consumed it; its errno goes to
+/// `empty_read`), or a call failed (`failed` says which). Builds no Error and no expected:
+/// listeners drain with it on every stop, and next_cm_event runs it once per event. The
+/// calls go through `p`.
+inline rdma_cm_event* poll_cm_event(rdma_event_channel* channel, const Deadline& deadline,
+                                    const Provider& p, int& empty_read,
+                                    CmReadFailure& failed) noexcept {
   for (;;) {
     pollfd pfd{channel->fd, POLLIN, 0};
     errno = 0;
@@ -83,17 +94,37 @@ inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadli
     if (n < 0) {
       const int e = errno;
       if (e == EINTR) continue;
-      return fail(provider_error("poll", e));
+      failed = {"poll", e};
+      return nullptr;
     }
     if (n > 0) {
       rdma_cm_event* event = nullptr;
       errno = 0;
-      if (p.get_cm_event(channel, &event) == 0) return CmEvent(event, CmEventAcker{{&p}});
+      if (p.get_cm_event(channel, &event) == 0) return event;
       const int e = errno;
       if (e == EINTR) continue;
-      if (!is_empty_channel_errno(e)) return fail(provider_error("rdma_get_cm_event", e));
+      if (!is_empty_channel_errno(e)) {
+        failed = {"rdma_get_cm_event", e};
+        return nullptr;
+      }
       empty_read = e;
     }
+    return nullptr;
+  }
+}
+
+/// The next event of `channel` (to be acknowledged by the caller through CmEvent), waiting
+/// until `deadline`: poll_cm_event again until an event comes or the deadline passes.
+/// The calls go through `p` (the provider that made the channel, for teardown).
+/// Errors: no_event (nothing by the deadline), provider (poll, rdma_get_cm_event).
+inline expected<CmEvent> next_cm_event(rdma_event_channel* channel, const Deadline& deadline,
+                                       const Provider& p = provider()) noexcept {
+  int empty_read = 0;  // errno of the last read that found nothing
+  CmReadFailure failed;
+  for (;;) {
+    if (rdma_cm_event* event = poll_cm_event(channel, deadline, p, empty_read, failed))
+      return CmEvent(event, CmEventAcker{{&p}});
+    if (failed.call != nullptr) return fail(provider_error(failed.call, failed.sys_errno));
     if (deadline.passed())
       return fail(Error(errc::no_event, empty_read, "rdma_get_cm_event",
                         empty_read != 0 ? "the channel has no event" : "no event in time"));

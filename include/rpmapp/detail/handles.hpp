@@ -15,6 +15,7 @@
 #include <rpmapp/log.hpp>
 
 #include <memory>
+#include <optional>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
@@ -52,8 +53,8 @@ constexpr LogLevel less_severe(LogLevel level) noexcept {
 struct FirstError {
   explicit FirstError(Teardown who) noexcept : by(who) {}
   Teardown by;
-  bool failed = false;
-  Error error;
+  // optional: an Error is large and zero-filled when made; teardown usually has none
+  std::optional<Error> error;
   /// For calls returning -1 and setting errno (librdmacm).
   void errno_call(int rc, const char* call) noexcept {
     if (rc != 0) [[unlikely]]
@@ -65,15 +66,15 @@ struct FirstError {
       note(provider_error(call, rc));
   }
   void note(const Error& e) noexcept {
-    if (!failed) {
-      failed = true;
+    if (!error) {
       error = e;
       return;
     }
     log(less_severe(by.level), by.where, e);
   }
   expected<void> result() const noexcept {
-    if (failed) return fail(error);
+    if (error) [[unlikely]]
+      return fail(*error);
     return {};
   }
 };

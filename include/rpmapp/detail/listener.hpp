@@ -51,14 +51,14 @@ inline ListenerRegistry& listener_registry() {
 }
 
 /// The node a listener binds for `addr` first: "" is the IPv6 (dual-stack) wildcard.
-inline std::string listen_node(std::string_view addr) {
-  return std::string(addr.empty() ? std::string_view("::") : addr);
+inline std::string_view listen_node(std::string_view addr) noexcept {
+  return addr.empty() ? std::string_view("::") : addr;
 }
 
 /// The registry key a listen_shared call for a numeric `addr` and `port` looks up: as
 /// canonical_address writes it, which is what address_of gives for the bound address.
 inline ListenerKey listener_key(std::string_view addr, std::uint16_t port) {
-  const std::string node = listen_node(addr);
+  const std::string_view node = listen_node(addr);
   std::string text = canonical_address(node);
   if (text.empty()) text = node;
   return {text.find(':') != std::string::npos ? AF_INET6 : AF_INET, std::move(text), port};
@@ -93,6 +93,7 @@ struct ListenerState {
   ListenerState(const ListenerState&) = delete;
   ListenerState& operator=(const ListenerState&) = delete;
   ~ListenerState() {
+    if (!id && !channel) return;  // stopped by its last Endpoint handle (the usual case)
     if (auto stopped = stop(teardown); !stopped) [[unlikely]]
       log(teardown.level, teardown.where, stopped.error());
   }
@@ -106,14 +107,14 @@ struct ListenerState {
     const Provider& p = *seam;
     FirstError first{by};
     if (id) {
-      for (;;) {
-        auto event = next_cm_event(channel.get(), Wait::none(), p);
-        if (!event) {
-          if (event.error() != errc::no_event) first.note(event.error());
-          break;
-        }
-        const rdma_cm_event_type type = (*event)->event;
-        rdma_cm_id* request = type == RDMA_CM_EVENT_CONNECT_REQUEST ? (*event)->id : nullptr;
+      const Deadline now(Wait::none());
+      for (int empty_read = 0;;) {
+        CmReadFailure failed;
+        CmEvent event(poll_cm_event(channel.get(), now, p, empty_read, failed), CmEventAcker{{&p}});
+        if (failed.call != nullptr) first.note(provider_error(failed.call, failed.sys_errno));
+        if (!event) break;
+        const rdma_cm_event_type type = event->event;
+        rdma_cm_id* request = type == RDMA_CM_EVENT_CONNECT_REQUEST ? event->id : nullptr;
         if (request != nullptr) {
           log_event(LogLevel::info, by.where, type,
                     "a pending request, rejected: the listener stops");
@@ -123,7 +124,7 @@ struct ListenerState {
           log_event(LogLevel::notice, by.where, type,
                     "acknowledged and dropped: the listener stops");
         }
-        if (auto acked = ack(*event); !acked) first.note(acked.error());
+        if (auto acked = ack(event); !acked) first.note(acked.error());
         if (request != nullptr) {
           errno = 0;
           first.errno_call(p.destroy_id(request), "rdma_destroy_id");
@@ -173,12 +174,12 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   // dual-stack unless net.ipv6.bindv6only is 1. Linux binds it even with IPv6 disabled;
   // should a stack refuse the family (EAFNOSUPPORT), "" binds the IPv4 wildcard instead
   // (a failed bind leaves the id unbound).
-  auto info = get_addr_info(listen_node(addr), std::string(port), true);
+  auto info = get_addr_info(listen_node(addr), port, true);
   if (!info) return fail(info.error());
   errno = 0;
   int bound = p.bind_addr(id, (*info)->ai_src_addr);
   if (bound != 0 && addr.empty() && errno == EAFNOSUPPORT) {
-    info = get_addr_info("0.0.0.0", std::string(port), true);
+    info = get_addr_info("0.0.0.0", port, true);
     if (!info) return fail(info.error());
     errno = 0;
     bound = p.bind_addr(id, (*info)->ai_src_addr);
