@@ -7,8 +7,12 @@ Ratios are paired: rpmapp's value in repetition i over the anchor's value in the
 repetition i (the variants ran back to back), then the median and the range of those.
 
 Usage: report.py FILE.tsv... [--doc docs/performance.md --notes bench/performance-notes.md]
+                 [--picture FILE.png]
+With --doc the ratios are also drawn (matplotlib, when this python3 has it) into a PNG next
+to the page (docs/performance.png), or into --picture.
 """
 import argparse
+import os
 import statistics
 import sys
 from collections import OrderedDict
@@ -20,9 +24,33 @@ BENCH_NAMES = {
     "instr": "4. instructions, fake provider",
     "compile": "5. compile cost",
     "data": "6. data path",
+    "memory": "8. server memory per connection",
 }
-ORDER = ["listen", "seq", "conc", "instr", "compile", "data"]
+ORDER = ["listen", "seq", "conc", "instr", "compile", "data", "memory"]
 HIGHER_BETTER = {"conn/s", "MB/s"}
+
+# The targets rpmapp is held to, as limits on the median of a row's paired ratio (in the
+# table's direction: at most LIMIT for ↓ metrics, at least LIMIT for ↑ ones):
+# (bench, params or None for all, metrics or None for all, anchor: "librpma" or "second" =
+# raw / hand-written, LIMIT). Row 7's servers are compared with "raw", the hand-written server.
+TARGETS = [
+    ("listen", None, None, "librpma", 1.0),
+    ("listen", None, None, "second", 1.0),
+    ("seq", None, None, "librpma", 1.15),
+    ("conc", ("C=1", "C=16", "C=64"), None, "second", 0.95),
+    ("instr", ("listen", "accept", "connect"), None, "second", 1.5),
+    ("instr", ("read", "write", "send", "recv"), None, "second", 1.1),
+    ("memory", None, ("KiB/conn RSS", "KiB/conn peak"), "second", 1.1),
+    ("serve", None, None, "second", 0.95),
+]
+
+
+def target(bench, param, metric, anchor):
+    for t_bench, t_params, t_metrics, t_anchor, limit in TARGETS:
+        if (t_bench == bench and t_anchor == anchor and (t_params is None or param in t_params)
+                and (t_metrics is None or metric in t_metrics)):
+            return limit
+    return None
 
 
 def read(files):
@@ -136,8 +164,9 @@ def paired(a, b):
     return statistics.median(ratios), min(ratios), max(ratios)
 
 
-def verdict(ratio, higher_better):
-    """'slower' / 'faster' when the median is more than 3% off, 'clearly' when every pair agrees."""
+def verdict(ratio, higher_better, words=("slower", "faster")):
+    """'slower' / 'faster' (or other `words`: worse, better) when the median is more than 3%
+    off, '(every rep)' when every pair agrees."""
     if ratio is None:
         return ""
     med, lo, hi = ratio
@@ -148,9 +177,9 @@ def verdict(ratio, higher_better):
     several = lo != hi  # a deterministic count has one value: nothing to agree
     if worse:
         clear = several and (hi < 1 if higher_better else lo > 1)
-        return "slower" + (" (every rep)" if clear else "")
+        return words[0] + (" (every rep)" if clear else "")
     clear = several and (lo > 1 if higher_better else hi < 1)
-    return "faster" + (" (every rep)" if clear else "")
+    return words[1] + (" (every rep)" if clear else "")
 
 
 def rows(groups):
@@ -162,6 +191,7 @@ def rows(groups):
         if "rpmapp" not in g:
             continue
         higher_better = metric in HIGHER_BETTER
+        words = ("larger", "smaller") if bench == "memory" else ("slower", "faster")
         second = "hand" if "hand" in g else "raw"
         cells = {}
         for v in ("rpmapp", "librpma", second):
@@ -183,11 +213,13 @@ def rows(groups):
         what = BENCH_NAMES.get(bench, bench) + ("" if param == "-" else f", {param}")
         second_label = "hand-written" if second == "hand" else "raw"
         out.append({
+            "bench": bench, "param": param, "metric_name": metric, "higher_better": higher_better,
+            "ratios": (r1, r2),
             "what": what, "metric": metric + (" ↑" if higher_better else " ↓"),
             "rpmapp": cells["rpmapp"], "librpma": cells["librpma"],
             "raw": cells[second] + (" (hand)" if second == "hand" else ""),
             "r_librpma": show(r1), "r_raw": show(r2),
-            "v_librpma": verdict(r1, higher_better), "v_raw": verdict(r2, higher_better),
+            "v_librpma": verdict(r1, higher_better, words), "v_raw": verdict(r2, higher_better, words),
             "second": second_label,
         })
     return out
@@ -212,8 +244,9 @@ def slower_list(table):
     for r in table:
         for anchor, v, ratio in (("librpma", r["v_librpma"], r["r_librpma"]),
                                  (r["second"], r["v_raw"], r["r_raw"])):
-            if v.startswith("slower"):
-                items.append(f"- {r['what']} ({r['metric'][:-2]}): slower than {anchor}, "
+            worse = v.split(" ")[0]
+            if worse in ("slower", "larger"):
+                items.append(f"- {r['what']} ({r['metric'][:-2]}): {worse} than {anchor}, "
                              f"ratio {ratio}{' in every repetition' if 'every' in v else ''}")
     return items
 
@@ -222,12 +255,19 @@ LEGEND = """Values: median of the repetitions, ± half their range in % of the m
 rpmapp's value over the anchor's in the same repetition (the variants ran back to back,
 rotating which went first), median [min–max] of those paired ratios. ↑ = higher is better
 (connections/s, MB/s: a ratio above 1 means rpmapp is faster), ↓ = lower is better (ns, µs,
-Ir, seconds, MB: a ratio below 1 means rpmapp is cheaper). "slower"/"faster" marks a median
-more than 3% off 1; "(every rep)" when every paired ratio agrees. Rows 4 and 6 compare
-rpmapp with hand-written code (marked "(hand)" in the "raw librdmacm" column): in row 4 a
-sequence making the same provider calls through the same fake, in row 6 verbs
-(ibv_post_send / ibv_post_recv / ibv_poll_cq) on a connection made with librdmacm; row 5
-compares with librpma only."""
+Ir, seconds, MB, KiB: a ratio below 1 means rpmapp is cheaper). "slower"/"faster" (for
+memory "larger"/"smaller") marks a median more than 3% off 1; "(every rep)" when every
+paired ratio agrees. Rows 4, 6 and 8 compare rpmapp with hand-written code (marked "(hand)"
+in the "raw librdmacm" column): in row 4 a sequence making the same provider calls through
+the same fake, in row 6 verbs (ibv_post_send / ibv_post_recv / ibv_poll_cq) on a connection
+made with librdmacm, in row 8 a librdmacm server with the same queue sizes; row 5 compares
+with librpma only."""
+
+
+PICTURE_LEGEND = """The picture shows every ratio of the tables below turned so that right of 1 is
+always rpmapp ahead (a cost's ratio is inverted): green ahead, red behind, grey within 3%,
+hatched against librpma, plain against hand-written or raw librdmacm; the whiskers are the
+range of the paired ratios and a black tick marks the target where there is one."""
 
 
 SYSCALL_LEGEND = """Client and server together, per sequential connection (connect, established,
@@ -240,11 +280,121 @@ uverbs device is one verbs command (CQ, QP, completion channel, memory registrat
 channel is an `ioctl` and a `close`. Rows below 0.5 calls per connection are left out."""
 
 
+def picture_items(table, groups):
+    """One bar per (row, anchor) with a ratio: the results table's rows against librpma and
+    raw / hand-written, then row 7's servers against the hand-written one."""
+    items = []
+    for r in table:
+        for anchor, label, ratio in (("librpma", "librpma", r["ratios"][0]),
+                                     ("second", r["second"], r["ratios"][1])):
+            if ratio is not None:
+                items.append({"row": f"{r['what']} ({r['metric']})", "anchor": label, "ratio": ratio,
+                              "higher_better": r["higher_better"],
+                              "target": target(r["bench"], r["param"], r["metric_name"], anchor)})
+    for key in (k for k in groups if k[0] == "serve"):
+        g = groups[key]
+        names = list(g)
+        for v in names[1:]:
+            ratio = paired(g[v], g[names[0]])
+            if ratio is not None:
+                items.append({"row": f"7. server {v}, {key[1]} ({key[2]} ↑)", "anchor": names[0], "ratio": ratio,
+                              "higher_better": True, "target": target("serve", key[1], key[2], "second")})
+    return items
+
+
+def draw(items, path, title):
+    """Horizontal bars on a log scale centred on 1, oriented so that right is always better
+    for rpmapp: a rate's ratio as it is, a cost's ratio inverted (anchor / rpmapp). Green =
+    ahead by more than 3%, red = behind, grey = within 3%; whiskers = the range of the paired
+    ratios; a black tick = the target. Ratios beyond 10x are drawn to the edge (their number
+    says how far), so that the ones near 1 stay readable. Returns False when matplotlib is
+    missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+        from matplotlib.ticker import FixedLocator, NullLocator
+    except ImportError:
+        return False
+    rows_ = list(OrderedDict((it["row"], None) for it in items))
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.42 * len(rows_)))
+    clip = 10.0
+    extreme = 1.3
+    for it in items:
+        med, lo, hi = it["ratio"]
+        extreme = max(extreme, hi, 1 / lo, 1 / hi, lo, *(() if it["target"] is None else (it["target"], 1 / it["target"])))
+    span = min(extreme, clip) * 1.6  # room for the numbers
+    edge = lambda v: min(max(v, 1 / clip), clip)  # noqa: E731
+    for it in items:
+        med, lo, hi = it["ratio"]
+        if not it["higher_better"]:  # a cost: anchor / rpmapp, so that > 1 is rpmapp ahead
+            med, lo, hi = 1 / med, 1 / hi, 1 / lo
+        lim = it["target"]
+        if lim is not None and not it["higher_better"]:
+            lim = 1 / lim
+        second = it["anchor"] != "librpma"
+        y = rows_.index(it["row"]) + (0.2 if second else -0.2)
+        color = "#2e9e4f" if med > 1.03 else "#d1495b" if med < 1 / 1.03 else "#9e9e9e"
+        off_scale = med != edge(med)
+        med, lo, hi = edge(med), edge(lo), edge(hi)
+        ax.barh(y, med - 1, left=1, height=0.38, color=color, edgecolor="black", linewidth=0.4,
+                hatch=None if second else "///")
+        if hi > lo:
+            ax.errorbar(med, y, xerr=[[med - lo], [hi - med]], fmt="none", ecolor="black", elinewidth=0.8,
+                        capsize=2)
+        if lim is not None:
+            ax.vlines(lim, y - 0.24, y + 0.24, color="black", linewidth=2.2)
+        text = f"{it['ratio'][0]:.2f}"  # the table's ratio, as printed there
+        ahead = med >= 1
+        if off_scale:  # inside the bar's end, which is the axis' edge
+            ax.annotate(text + " (off scale)", (med, y), xytext=(-4 if ahead else 4, 0), textcoords="offset points",
+                        ha="right" if ahead else "left", va="center", fontsize=7, color="white", weight="bold")
+        else:
+            ax.annotate(text, (max(med, hi) if ahead else min(med, lo), y), xytext=(4 if ahead else -4, 0),
+                        textcoords="offset points", ha="left" if ahead else "right", va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(1 / span, span)
+    ticks = (0.1, 0.2, 0.5, 1, 2, 5, 10) if span > 4 else (0.25, 0.5, 0.8, 1, 1.25, 2, 4)
+    ticks = [t for t in ticks if 1 / span <= t <= span]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{t:g}×" for t in ticks])
+    ax.axvspan(1 / span, 1, color="#d1495b", alpha=0.06)
+    ax.axvspan(1, span, color="#2e9e4f", alpha=0.06)
+    ax.axvline(1, color="black", linewidth=1)
+    ax.set_yticks(range(len(rows_)))
+    ax.set_yticklabels(rows_, fontsize=8)
+    ax.set_ylim(len(rows_) - 0.4, -0.6)
+    ax.grid(axis="x", color="#cccccc", linewidth=0.5)
+    ax.set_axisbelow(True)
+    ax.text(1 / span * 1.05, -0.55, "← rpmapp behind", ha="left", va="top", fontsize=9, color="#a0303f")
+    ax.text(span / 1.05, -0.55, "rpmapp ahead →", ha="right", va="top", fontsize=9, color="#1f6e37")
+    ax.set_xlabel("how many times better rpmapp does (log scale): rpmapp / anchor for rates (↑), "
+                  "anchor / rpmapp for costs (↓);\nbar = median of the paired ratios, whiskers = their "
+                  "range, number = the ratio as in the table", fontsize=8)
+    handles = [Patch(facecolor="#2e9e4f", edgecolor="black", linewidth=0.4, label="ahead by more than 3%"),
+               Patch(facecolor="#d1495b", edgecolor="black", linewidth=0.4, label="behind by more than 3%"),
+               Patch(facecolor="#9e9e9e", edgecolor="black", linewidth=0.4, label="within 3%"),
+               Patch(facecolor="white", edgecolor="black", linewidth=0.4, hatch="///", label="against librpma (upper bar)"),
+               Patch(facecolor="white", edgecolor="black", linewidth=0.4,
+                     label="against hand-written / raw librdmacm (lower bar)"),
+               Line2D([], [], color="black", linewidth=2.2, label="target")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (1.2 + 0.42 * len(rows_)) - 0.02),
+              ncol=3, fontsize=8, frameon=False)
+    ax.set_title(title, fontsize=10)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
     ap.add_argument("--doc")
     ap.add_argument("--notes")
+    ap.add_argument("--picture")
     args = ap.parse_args()
     groups, meta, syscalls = read(args.files)
     table = rows(groups)
@@ -261,9 +411,18 @@ def main():
     if serve_sys_md:
         print("\nsystem calls per connection, servers (raw client + server, sequential):\n" + serve_sys_md)
     slow = slower_list(table)
-    print("\nwhere rpmapp is slower:" if slow else "\nrpmapp is nowhere slower than 3%.")
+    print("\nwhere rpmapp is behind:" if slow else "\nrpmapp is nowhere behind by more than 3%.")
     for s in slow:
         print(s)
+    picture = args.picture or (os.path.splitext(args.doc)[0] + ".png" if args.doc else None)
+    drawn = False
+    if picture:
+        title = (f"rpmapp against librpma and hand-written code, {meta.get('date', '?')}, "
+                 f"commit {meta.get('commit', '?')}")
+        drawn = draw(picture_items(table, groups), picture, title)
+        print(f"\ndrew {picture}" if drawn else
+              f"\nthe picture was not drawn: {sys.executable} has no matplotlib (python3-matplotlib)",
+              file=sys.stderr)
     if not args.doc:
         return 0
     notes = open(args.notes).read() if args.notes else ""
@@ -271,7 +430,7 @@ def main():
         f"- Date: {meta.get('date', '?')}, commit {meta.get('commit', '?')}",
         f"- Host: {meta.get('cpu', '?')}, {meta.get('host_cpus', '?')} cores shared with other "
         f"jobs, kernel {meta.get('host_kernel', '?')}, {meta.get('compiler', '?')}",
-        f"- RDMA (rows 1-3 and 6): {meta.get('rdma_device', '?')}, guest kernel "
+        f"- RDMA (rows 1-3 and 6-8): {meta.get('rdma_device', '?')}, guest kernel "
         f"{meta.get('guest_kernel', '?')}, {meta.get('guest_cpus', '?')} vCPUs. The VM runs "
         "under TCG (software emulation, no KVM on this host): CPU-bound work runs about 5x "
         "slower than on the host, so absolute numbers say little about real hardware; the "
@@ -287,7 +446,14 @@ def main():
                 "hand, rerun it. The explanations after the table are kept in "
                 "`bench/performance-notes.md`.\n\n")
         f.write("## Machine\n\n" + "\n".join(machine) + "\n\n")
-        f.write("## Results\n\n" + md + "\n\n" + LEGEND + "\n\n")
+        f.write("## Results\n\n")
+        if drawn:
+            f.write(f"![rpmapp's ratios against librpma and hand-written code]({os.path.basename(picture)})\n\n"
+                    + PICTURE_LEGEND + "\n\n")
+        else:
+            f.write("(The picture of these ratios was not drawn: the python3 that wrote this page has no "
+                    "matplotlib; Debian's python3-matplotlib provides it.)\n\n")
+        f.write(md + "\n\n" + LEGEND + "\n\n")
         if sys_md:
             f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
         if serve_md:
@@ -298,7 +464,7 @@ def main():
                     "for every server (`bench_connect serve-one SERVER K`); the client's calls are "
                     "the same in every column, so the differences are the servers'.\n\n"
                     + serve_sys_md + "\n\n")
-        f.write("## Where rpmapp is slower in this run\n\n")
+        f.write("## Where rpmapp is behind in this run\n\n")
         f.write("\n".join(slow) + "\n\n" if slow else "Nowhere by more than 3%.\n\n")
         f.write(notes)
     print(f"\nwrote {args.doc}", file=sys.stderr)

@@ -1,9 +1,9 @@
 // The accepting side of the connection benchmarks. Each server runs in its own thread: it
 // accepts every request (a CQ and a QP per connection, sizes as ConnConfig's defaults),
-// waits for the client's disconnect and releases the connection. closed() counts
-// connections released. One per implementation (rpmapp, librpma, raw librdmacm), and, for
-// the server comparison (bench_connect serve), rpmapp's EventLoop servers (handlers,
-// coroutines): see make_server() at the end.
+// waits for the client's disconnect and releases the connection. established() counts
+// connections established, closed() those released. One per implementation (rpmapp,
+// librpma, raw librdmacm), and, for the server comparison (bench_connect serve), rpmapp's
+// EventLoop servers (handlers, coroutines): see make_server() at the end.
 #pragma once
 
 #include "common.hpp"
@@ -32,12 +32,15 @@ class Server {
  public:
   virtual ~Server() = default;
   long closed() const { return closed_.load(std::memory_order_acquire); }
+  /// Connections the server saw established (bench_memory waits for them).
+  long established() const { return established_.load(std::memory_order_acquire); }
   virtual void start() = 0;
   /// Returns when the server thread has ended (connections still open stay open).
   virtual void stop() = 0;
 
  protected:
   std::atomic<long> closed_{0};
+  std::atomic<long> established_{0};
 };
 
 /// The epoll loop and the stop signal; Derived::on_ready(epoll_event) handles readiness.
@@ -119,7 +122,9 @@ class RpmappServer : public ServerBase {
     for (;;) {
       auto ev = it->second.try_next_event();
       if (!ev && ev.error() == rpmapp::errc::no_event) return;
-      if (must(std::move(ev), "Conn::next_event") == rpmapp::ConnEvent::closed) {
+      const auto what = must(std::move(ev), "Conn::next_event");
+      if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
+      if (what == rpmapp::ConnEvent::closed) {
         del(fd);
         must(std::move(it->second).close(), "Conn::close");
         conns_.erase(it);
@@ -162,6 +167,7 @@ class LibrpmaServer : public ServerBase {
     if (it == conns_.end()) return;
     rpma_conn_event ev{};
     check(rpma_conn_next_event(it->second, &ev), "rpma_conn_next_event");
+    if (ev == RPMA_CONN_ESTABLISHED) established_.fetch_add(1, std::memory_order_release);
     if (ev == RPMA_CONN_CLOSED) {
       del(fd);
       check(rpma_conn_delete(&it->second), "rpma_conn_delete");
@@ -219,6 +225,10 @@ class RawServer : public ServerBase {
           rdma_ack_cm_event(e);
           break;
         }
+        case RDMA_CM_EVENT_ESTABLISHED:
+          rdma_ack_cm_event(e);
+          established_.fetch_add(1, std::memory_order_release);
+          break;
         case RDMA_CM_EVENT_DISCONNECTED: {
           rdma_ack_cm_event(e);
           auto* cq = static_cast<ibv_cq*>(id->context);
@@ -276,7 +286,9 @@ class CallbackServer : public Server {
                         "EventLoop::watch");
   }
   void on_event(Slot at, rpmapp::expected<rpmapp::ConnEvent> ev) {
-    if (must(std::move(ev), "EventLoop::watch handler") != rpmapp::ConnEvent::closed) return;
+    const auto what = must(std::move(ev), "EventLoop::watch handler");
+    if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
+    if (what != rpmapp::ConnEvent::closed) return;
     at->watching.reset();  // inside its own handler: not called again
     must(std::move(at->conn).close(), "Conn::close");
     conns_.erase(at);
@@ -327,7 +339,9 @@ class CoroutineServer : public Server {
     for (;;) {
       auto ev = co_await loop_.next_event(conn);
       if (!ev && stopped(ev.error())) co_return;
-      if (must(std::move(ev), "EventLoop::next_event") == rpmapp::ConnEvent::closed) {
+      const auto what = must(std::move(ev), "EventLoop::next_event");
+      if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
+      if (what == rpmapp::ConnEvent::closed) {
         must(std::move(conn).close(), "Conn::close");
         closed_.fetch_add(1, std::memory_order_release);
         co_return;
