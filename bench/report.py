@@ -188,7 +188,7 @@ def rows(groups):
     for key in keys:
         bench, param, metric = key
         g = groups[key]
-        if "rpmapp" not in g:
+        if "rpmapp" not in g or bench == "listen-calls":  # the breakdown has its own table
             continue
         higher_better = metric in HIGHER_BETTER
         words = ("larger", "smaller") if bench == "memory" else ("slower", "faster")
@@ -389,6 +389,34 @@ def draw(items, path, title):
     return True
 
 
+def listen_calls_table(groups):
+    """Benchmark 1's per-call breakdown (`bench_listen calls`): median ns per cycle of each
+    librdmacm call (and poll) in rpmapp, librpma and raw, calls per cycle, and the rest."""
+    vs = ("rpmapp", "librpma", "raw")
+    calls = [k[1] for k in groups if k[0] == "listen-calls" and k[2] == "ns/cycle"]
+    if not calls:
+        return ""
+    lines = ["| call | rpmapp ns | librpma ns | raw ns | calls per cycle (rpmapp / librpma / raw) |",
+             "|---|---|---|---|---|"]
+    for call in calls:
+        g = groups[("listen-calls", call, "ns/cycle")]
+        n = groups.get(("listen-calls", call, "calls/cycle"), {})
+        cells = [fmt_value(statistics.median(g[v].values())) if v in g else "—" for v in vs]
+        counts = " / ".join(f"{statistics.median(n[v].values()):g}" if v in n else "0" for v in vs)
+        label = {"(rest)": "everything else (user space, uninstrumented calls)",
+                 "(cycle)": "**the whole cycle**"}.get(call, f"`{call}`")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {counts if n else ''} |")
+    return "\n".join(lines)
+
+
+LISTEN_CALLS_LEGEND = """Benchmark 1 call by call (`bench_listen calls`): the same listen + shutdown
+cycles as row 1, with every librdmacm call the cycle makes (and `poll`) timed by wrappers that
+the benchmark puts in front of librdmacm's own, so librpma's calls are timed as rpmapp's and
+raw's are. Medians over the repetitions, nanoseconds per cycle; "everything else" is the
+cycle's time outside those calls (its user-space work, and calls not wrapped, such as
+`fcntl`)."""
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
@@ -403,6 +431,9 @@ def main():
     sys_md = syscall_table(syscalls)
     if sys_md:
         print("\nsystem calls per connection (client + server, sequential, strace -c):\n" + sys_md)
+    calls_md = listen_calls_table(groups)
+    if calls_md:
+        print("\n1. listen + shutdown, call by call (ns per cycle):\n" + calls_md)
     servers = serve_names(syscalls, groups)
     serve_md = serve_table(groups)
     if serve_md:
@@ -454,6 +485,8 @@ def main():
             f.write("(The picture of these ratios was not drawn: the python3 that wrote this page has no "
                     "matplotlib; Debian's python3-matplotlib provides it.)\n\n")
         f.write(md + "\n\n" + LEGEND + "\n\n")
+        if calls_md:
+            f.write("## Listen + shutdown, call by call\n\n" + LISTEN_CALLS_LEGEND + "\n\n" + calls_md + "\n\n")
         if sys_md:
             f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
         if serve_md:
