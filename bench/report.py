@@ -466,7 +466,9 @@ def main():
         "under TCG (software emulation, no KVM on this host): CPU-bound work runs about 5x "
         "slower than on the host, so absolute numbers say little about real hardware; the "
         "ratios are what to read.",
-        "- Rows 4-5 ran on the host.",
+        "- Rows 4-5 ran on the host." + (
+            f" The VM's rows are from its run of {meta['vm_reused']} (`bench/run --host-only` "
+            "reran rows 4-5 alone)." if "vm_reused" in meta else ""),
         f"- Parameters: {meta.get('params', '?')}",
         f"- Whole run (build included): {meta.get('elapsed', '?')} s; host load average "
         f"{meta.get('host_load', '?')}",
