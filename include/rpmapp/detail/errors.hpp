@@ -13,14 +13,18 @@
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
+// The builders of Errors are cold: failure paths, kept out of line so that the callers'
+// successful paths stay small (for the optimizer, which otherwise inlines them into every
+// fallible call of a TU, and for the instruction cache).
+
 /// A failed provider call: ENOMEM is nomem, anything else provider.
-inline Error provider_error(std::string_view call, int sys_errno, std::string_view reason = {}) noexcept {
+[[gnu::cold]] inline Error provider_error(std::string_view call, int sys_errno, std::string_view reason = {}) noexcept {
   return Error(sys_errno == ENOMEM ? errc::nomem : errc::provider, sys_errno, call, reason);
 }
 
 /// The one place reasons are formatted: without allocating, cut to Error::max_reason.
-inline Error make_error_from(errc code, int sys_errno, const char* call, std::string_view format,
-                             std::initializer_list<FormatArg> args) noexcept {
+[[gnu::cold]] inline Error make_error_from(errc code, int sys_errno, const char* call, std::string_view format,
+                                           std::initializer_list<FormatArg> args) noexcept {
   char buf[Error::max_reason];
   const std::size_t size = format_to_buffer(buf, sizeof buf, format, args);
   return Error(code, sys_errno, call, {buf, std::min(size, sizeof buf)});
@@ -38,7 +42,7 @@ Error invalid(const char* call, FormatFor<Args...> format, const Args&... args) 
   return make_error_from(errc::inval, 0, call, format.text, {FormatArg(args)...});
 }
 
-inline Error moved_from(const char* call) noexcept {
+[[gnu::cold]] inline Error moved_from(const char* call) noexcept {
   return Error(errc::inval, 0, call, "the object is empty (moved from, or consumed)");
 }
 
