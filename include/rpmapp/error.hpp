@@ -1,6 +1,7 @@
 // rpmapp::Error and rpmapp::errc: what every fallible call returns on failure.
 #pragma once
 
+#include <rpmapp/detail/format.hpp>
 #include <rpmapp/expected.hpp>
 #include <rpmapp/version.hpp>
 
@@ -63,6 +64,11 @@ inline std::error_code make_error_code(errc code) noexcept {
   return {static_cast<int>(code), rpmapp_category()};
 }
 
+class Error;
+namespace detail {
+inline std::size_t write_message(const Error& error, char* buffer, std::size_t room) noexcept;
+}
+
 /// A failure: the errc, the provider's errno where a provider call failed (0 otherwise),
 /// the name of the failing call (a provider function such as "rdma_listen", or the rpmapp
 /// function that rejected its arguments) and a reason. A value type of fixed size: copying
@@ -92,8 +98,13 @@ class Error {
   /// One line: "<call>: <errc text>[: <strerror> (errno N)][: <reason>]".
   /// Example: "rdma_listen: provider error: Address already in use (errno 98)".
   std::string message() const {
-    std::string text;
-    format_to(std::back_inserter(text));
+    std::string text(max_message, '\0');
+    std::size_t size = detail::write_message(*this, text.data(), text.size());
+    if (size > text.size()) {  // a longer strerror text than any known
+      text.resize(size);
+      size = detail::write_message(*this, text.data(), text.size());
+    }
+    text.resize(size);
     return text;
   }
 
@@ -107,15 +118,13 @@ class Error {
   }
   friend bool operator==(const Error& a, errc b) noexcept { return a.code_ == b; }
 
+  /// message()'s text to an output iterator.
   template <class Out> Out format_to(Out out) const {
-    if (!call().empty()) out = fmt::format_to(out, "{}: ", call());
-    out = fmt::format_to(out, "{}", to_string(code_));
-    if (errno_ != 0) {
-      char buf[128];
-      out = fmt::format_to(out, ": {} (errno {})", strerror_text(errno_, buf, sizeof buf), errno_);
-    }
-    if (reason_len_ != 0) out = fmt::format_to(out, ": {}", reason());
-    return out;
+    char buf[max_message];
+    const std::size_t size = detail::write_message(*this, buf, sizeof buf);
+    if (size <= sizeof buf) return std::copy(buf, buf + size, out);
+    const std::string text = message();
+    return std::copy(text.begin(), text.end(), out);
   }
 
  private:
@@ -126,14 +135,8 @@ class Error {
     std::memcpy(to, from.data(), len);
     return static_cast<unsigned char>(len);
   }
-  // strerror_r comes in a GNU flavour (returns a pointer) and an XSI one (returns int).
-  static const char* strerror_text(int value, char* buf, std::size_t len) noexcept {
-    return pick_strerror(strerror_r(value, buf, len), buf);
-  }
-  static const char* pick_strerror(const char* gnu_result, char*) noexcept { return gnu_result; }
-  static const char* pick_strerror(int xsi_result, char* buf) noexcept {
-    return xsi_result == 0 ? buf : "unknown errno";
-  }
+  // Room for any message with a strerror text of up to 200 bytes (glibc's are below 60).
+  static constexpr std::size_t max_message = max_call + max_reason + 300;
 
   errc code_ = errc::unknown;
   int errno_ = 0;
@@ -142,6 +145,38 @@ class Error {
   char call_[max_call] = {};
   char reason_[max_reason] = {};
 };
+
+namespace detail {
+// strerror_r comes in a GNU flavour (returns a pointer) and an XSI one (returns int).
+inline const char* pick_strerror(const char* gnu_result, char*) noexcept { return gnu_result; }
+inline const char* pick_strerror(int xsi_result, char* buf) noexcept {
+  return xsi_result == 0 ? buf : "unknown errno";
+}
+
+/// Error::message()'s text into [buffer, buffer + room), cut off there (never allocates).
+/// Returns the whole length.
+inline std::size_t write_message(const Error& error, char* buffer, std::size_t room) noexcept {
+  BoundedWriter out(buffer, room);
+  if (!error.call().empty()) {
+    out.put(error.call());
+    out.put(": ");
+  }
+  out.put(to_string(error.code()));
+  if (const int e = error.sys_errno(); e != 0) {
+    char buf[128];
+    out.put(": ");
+    out.put(std::string_view(pick_strerror(strerror_r(e, buf, sizeof buf), buf)));
+    out.put(" (errno ");
+    out.put_number(e < 0, e < 0 ? 0u - static_cast<unsigned>(e) : static_cast<unsigned>(e), 10, 0);
+    out.put(')');
+  }
+  if (!error.reason().empty()) {
+    out.put(": ");
+    out.put(error.reason());
+  }
+  return out.size();
+}
+}  // namespace detail
 
 RPMAPP_END_NAMESPACE
 

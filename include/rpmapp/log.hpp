@@ -6,8 +6,6 @@
 
 #include <rpmapp/error.hpp>
 
-#include <fmt/core.h>
-
 #include <atomic>
 #include <string_view>
 
@@ -77,7 +75,7 @@ inline void log(LogLevel level, std::string_view where, std::string_view text) n
 inline void log(LogLevel level, std::string_view where, const Error& error) noexcept {
   if (!log_enabled(level)) return;
   char buf[Error::max_call + Error::max_reason + 200];
-  const auto n = fmt::format_to_n(buf, sizeof buf, "{}", error).size;
+  const std::size_t n = write_message(error, buf, sizeof buf);
   log(level, where, std::string_view(buf, n < sizeof buf ? n : sizeof buf));
 }
 

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <system_error>
 
@@ -125,4 +127,66 @@ TEST_CASE("a provider ENOMEM is nomem, other errnos are provider", "[error]") {
   auto other = detail::provider_error("ibv_create_cq", EINVAL);
   CHECK(other.code() == errc::provider);
   CHECK(other.call() == "ibv_create_cq");
+}
+
+TEST_CASE("reasons are formatted as fmt formats them", "[error]") {
+  // detail::format_to_n stands in for fmt::format_to_n in every reason and log line (a
+  // macro: the format string must stay a literal for the compile-time check).
+#define ours(...)                                                                    \
+  [&] {                                                                              \
+    char buf[200];                                                                   \
+    const std::size_t n = rpmapp::detail::format_to_n(buf, sizeof buf, __VA_ARGS__).size; \
+    return std::string(buf, std::min(n, sizeof buf));                                \
+  }()
+  const long long extremes[] = {0, 1, -1, 9, 10, -10, 255, 0x7fffffffLL, -0x80000000LL,
+                                std::numeric_limits<long long>::max(), std::numeric_limits<long long>::min()};
+  for (long long v : extremes) {
+    CHECK(ours("{}", v) == fmt::format("{}", v));
+    CHECK(ours("0x{:x}", v) == fmt::format("0x{:x}", v));
+    CHECK(ours("{:02x}|{:08x}", v, v) == fmt::format("{:02x}|{:08x}", v, v));
+  }
+  const unsigned long long uextremes[] = {0, 7, 0xab, 0xffffffffULL, std::numeric_limits<unsigned long long>::max()};
+  for (unsigned long long v : uextremes) {
+    CHECK(ours("{} {:x} {:04x}", v, v, v) == fmt::format("{} {:x} {:04x}", v, v, v));
+  }
+  const std::uint8_t byte = 0x5;
+  CHECK(ours("usage 0x{:02x}", byte) == fmt::format("usage 0x{:02x}", byte));
+  CHECK(ours("{} {} {}", std::int16_t{-3}, std::uint16_t{65535}, static_cast<signed char>(-128)) ==
+        fmt::format("{} {} {}", std::int16_t{-3}, std::uint16_t{65535}, static_cast<signed char>(-128)));
+  const std::string s = "text";
+  CHECK(ours("\"{}\" {}:{} ({})", s, std::string_view("sv"), "lit", static_cast<const char*>("ptr")) ==
+        "\"text\" sv:lit (ptr)");
+  CHECK(ours("{{}} {{{}}}", 1) == fmt::format("{{}} {{{}}}", 1));
+  CHECK(ours("no fields") == "no fields");
+#undef ours
+
+  SECTION("cut off at the buffer, whole length returned, like fmt::format_to_n") {
+    char small[5];
+    const auto n = rpmapp::detail::format_to_n(small, sizeof small, "{}-{}", 12345, "abc").size;
+    char theirs[5];
+    const auto m = fmt::format_to_n(theirs, sizeof theirs, "{}-{}", 12345, "abc").size;
+    CHECK(n == m);
+    CHECK(std::string_view(small, sizeof small) == std::string_view(theirs, sizeof theirs));
+  }
+  SECTION("an Error's message, also cut off") {
+    Error e(errc::provider, EADDRINUSE, "rdma_listen", "port 7471");
+    char buf[16];
+    const auto n = rpmapp::detail::write_message(e, buf, sizeof buf);
+    CHECK(n == e.message().size());
+    CHECK(std::string_view(buf, sizeof buf) == e.message().substr(0, sizeof buf));
+    CHECK(fmt::format("{}", Error(errc::inval, -5, "f")) == Error(errc::inval, -5, "f").message());
+    CHECK(Error(errc::inval, -5, "f").message().ends_with(" (errno -5)"));
+  }
+}
+
+TEST_CASE("the reason formatter's compile-time check", "[error]") {
+  using rpmapp::detail::count_fields;
+  STATIC_REQUIRE(count_fields("a {} b {:x} c {:02x}") == 3);
+  STATIC_REQUIRE(count_fields("{{}}") == 0);
+  STATIC_REQUIRE(count_fields("{0}") == -1);
+  STATIC_REQUIRE(count_fields("{:>8}") == -1);
+  STATIC_REQUIRE(count_fields("{:2x}") == -1);
+  STATIC_REQUIRE(count_fields("{:d}") == -1);
+  STATIC_REQUIRE(count_fields("a } b") == -1);
+  STATIC_REQUIRE(count_fields("a {") == -1);
 }

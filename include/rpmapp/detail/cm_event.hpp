@@ -175,7 +175,7 @@ inline void log_event(LogLevel level, const char* where, rdma_cm_event_type type
                       std::string_view what) noexcept {
   if (!log_enabled(level)) return;
   char text[160];
-  const auto n = fmt::format_to_n(text, sizeof text, "{} event: {}", event_name(type), what).size;
+  const auto n = detail::format_to_n(text, sizeof text, "{} event: {}", event_name(type), what).size;
   log(level, where, std::string_view(text, n < sizeof text ? n : sizeof text));
 }
 

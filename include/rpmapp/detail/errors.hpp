@@ -1,35 +1,48 @@
 // Building Errors: provider failures (errno -> provider / nomem) and invalid arguments.
 #pragma once
 
+#include <rpmapp/detail/format.hpp>
 #include <rpmapp/error.hpp>
 
+#include <algorithm>
 #include <cerrno>
+#include <initializer_list>
 #include <new>
 #include <utility>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
+// The builders of Errors are cold: failure paths, kept out of line so that the callers'
+// successful paths stay small (for the optimizer, which otherwise inlines them into every
+// fallible call of a TU, and for the instruction cache).
+
 /// A failed provider call: ENOMEM is nomem, anything else provider.
-inline Error provider_error(std::string_view call, int sys_errno, std::string_view reason = {}) noexcept {
+[[gnu::cold]] inline Error provider_error(std::string_view call, int sys_errno, std::string_view reason = {}) noexcept {
   return Error(sys_errno == ENOMEM ? errc::nomem : errc::provider, sys_errno, call, reason);
 }
 
-/// An error whose reason is formatted without allocating (truncated to Error::max_reason).
-template <class... Args>
-Error make_error(errc code, int sys_errno, const char* call, fmt::format_string<Args...> format,
-                 Args&&... args) noexcept {
+/// The one place reasons are formatted: without allocating, cut to Error::max_reason.
+[[gnu::cold]] inline Error make_error_from(errc code, int sys_errno, const char* call, std::string_view format,
+                                           std::initializer_list<FormatArg> args) noexcept {
   char buf[Error::max_reason];
-  auto result = fmt::format_to_n(buf, sizeof buf, format, std::forward<Args>(args)...);
-  return Error(code, sys_errno, call, {buf, std::min(result.size, sizeof buf)});
+  const std::size_t size = format_to_buffer(buf, sizeof buf, format, args);
+  return Error(code, sys_errno, call, {buf, std::min(size, sizeof buf)});
+}
+
+/// An error whose reason is `format` with `args` (see detail/format.hpp for what it takes).
+template <class... Args>
+Error make_error(errc code, int sys_errno, const char* call, FormatFor<Args...> format,
+                 const Args&... args) noexcept {
+  return make_error_from(code, sys_errno, call, format.text, {FormatArg(args)...});
 }
 
 template <class... Args>
-Error invalid(const char* call, fmt::format_string<Args...> format, Args&&... args) noexcept {
-  return make_error(errc::inval, 0, call, format, std::forward<Args>(args)...);
+Error invalid(const char* call, FormatFor<Args...> format, const Args&... args) noexcept {
+  return make_error_from(errc::inval, 0, call, format.text, {FormatArg(args)...});
 }
 
-inline Error moved_from(const char* call) noexcept {
+[[gnu::cold]] inline Error moved_from(const char* call) noexcept {
   return Error(errc::inval, 0, call, "the object is empty (moved from, or consumed)");
 }
 

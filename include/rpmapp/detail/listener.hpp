@@ -196,7 +196,7 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
     if (state->peers.empty()) {
       const Peer& shown = same_name != nullptr ? *same_name : peers[0];
       char what[96];
-      auto n = fmt::format_to_n(what, sizeof what, "address {} belongs to", addr);
+      auto n = detail::format_to_n(what, sizeof what, "address {} belongs to", addr);
       return fail(context_mismatch(call, {what, std::min(n.size, sizeof what)}, id->verbs,
                                    shown.state()->context));
     }

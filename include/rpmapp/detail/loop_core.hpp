@@ -267,9 +267,9 @@ class LoopCore {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      n = fmt::format_to_n(what, sizeof what, "a handler threw: {}", ex.what()).size;
+      n = detail::format_to_n(what, sizeof what, "a handler threw: {}", ex.what()).size;
     } catch (...) {
-      n = fmt::format_to_n(what, sizeof what, "a handler threw an exception that is not a std::exception").size;
+      n = detail::format_to_n(what, sizeof what, "a handler threw an exception that is not a std::exception").size;
     }
     Error error(errc::unknown, 0, "EventLoop::run", {what, n < sizeof what ? n : sizeof what});
     log(LogLevel::error, "EventLoop::run", error);
