@@ -165,7 +165,8 @@ void release(rdma_cm_id* id, Queues q, rdma_event_channel* ch) {
   p().destroy_event_channel(ch);
 }
 
-// Event channels are made non-blocking, and every wait polls before it reads, as rpmapp's.
+// Event channels are made non-blocking, and every wait polls before it reads, as rpmapp's
+// (a look without waiting only reads).
 void make_nonblocking(rdma_event_channel* ch) {
   const int flags = p().fcntl(ch->fd, F_GETFL, 0);
   if (flags < 0 || p().fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK)) fail("fcntl");
@@ -214,9 +215,7 @@ struct HandSide {
     port = ntohs(reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(lid))->sin_port);
   }
   void shutdown() {
-    for (;;) {  // reject what is still queued
-      pollfd pfd{lch->fd, POLLIN, 0};
-      if (p().poll(&pfd, 1, 0) <= 0) break;
+    for (;;) {  // reject what is still queued (non-blocking reads until an empty one)
       rdma_cm_event* e = nullptr;
       if (p().get_cm_event(lch, &e)) break;
       rdma_cm_id* req = e->event == RDMA_CM_EVENT_CONNECT_REQUEST ? e->id : nullptr;

@@ -36,6 +36,8 @@ class Deadline {
       : forever_(wait.ms < 0),
         end_(wait.ms <= 0 ? clock::time_point::min() : clock::now() + std::chrono::milliseconds(wait.ms)) {}
   bool forever() const noexcept { return forever_; }
+  /// Wait::none(): the caller looks once and does not wait.
+  bool immediate() const noexcept { return !forever_ && now_passed(); }
   bool passed() const noexcept { return !forever_ && (now_passed() || clock::now() >= end_); }
   /// poll's timeout for the time left: -1 forever, else the ms left rounded up (0 when
   /// passed), so that poll never returns before the deadline.
@@ -79,7 +81,9 @@ struct CmReadFailure {
 
 /// One look for the next event of `channel`: poll for the time left until `deadline`,
 /// then a (non-blocking) read; a signal (EINTR from poll or the read) is retried with the
-/// time left. nullptr when there is none: poll found nothing in time, or the read was empty
+/// time left. With no time to wait (Wait::none()) it only reads: the channel is
+/// non-blocking, so an empty read costs what a poll would, and an event one call less.
+/// nullptr when there is none: poll found nothing in time, or the read was empty
 /// (another reader took the event, or librdmacm consumed it; its errno goes to
 /// `empty_read`), or a call failed (`failed` says which). Builds no Error and no expected:
 /// listeners drain with it on every stop, and next_cm_event runs it once per event. The
@@ -90,7 +94,7 @@ inline rdma_cm_event* poll_cm_event(rdma_event_channel* channel, const Deadline&
   for (;;) {
     pollfd pfd{channel->fd, POLLIN, 0};
     errno = 0;
-    const int n = p.poll(&pfd, 1, deadline.poll_timeout());
+    const int n = deadline.immediate() ? 1 : p.poll(&pfd, 1, deadline.poll_timeout());
     if (n < 0) {
       const int e = errno;
       if (e == EINTR) continue;
