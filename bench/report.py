@@ -72,7 +72,8 @@ def read(files):
     return groups, meta, syscalls
 
 
-def syscall_table(syscalls, vs=("rpmapp", "librpma", "raw"), labels=("rpmapp", "librpma", "raw librdmacm")):
+def syscall_table(syscalls, vs=("rpmapp", "rpmapp-defaults", "librpma", "raw"),
+                  labels=("rpmapp", "rpmapp, ConnConfig's defaults", "librpma", "raw librdmacm")):
     """System calls per connection (client + server) per implementation, from strace -c."""
     if not any(v in c for c in syscalls.values() for v in vs):
         return ""

@@ -94,12 +94,13 @@ class ServerBase : public Server {
 };
 
 /// rpmapp: the Endpoint's fd and each Conn's fd (rpmapp makes them non-blocking), drained
-/// with try_next_conn_req() / try_next_event() until no_event. Key: 1 = listener, else
-/// fd + 2.
+/// with try_next_conn_req() / try_next_event() until no_event; each request accepted with
+/// `config`. Key: 1 = listener, else fd + 2.
 class RpmappServer : public ServerBase {
  public:
-  RpmappServer(const rpmapp::Peer& peer, const char* ip, const char* port)
-      : ep_(must(rpmapp::Endpoint::listen(peer, ip, port), "Endpoint::listen")) {
+  RpmappServer(const rpmapp::Peer& peer, const char* ip, const char* port,
+               const rpmapp::ConnConfig& config = {})
+      : ep_(must(rpmapp::Endpoint::listen(peer, ip, port), "Endpoint::listen")), config_(config) {
     add(must(ep_.fd(), "Endpoint::fd"), 1);
   }
   ~RpmappServer() override { (void)std::move(ep_).shutdown(); }
@@ -108,7 +109,7 @@ class RpmappServer : public ServerBase {
   void on_ready(std::uint64_t key) override {
     if (key == 1) {
       for (;;) {
-        auto req = ep_.try_next_conn_req();
+        auto req = ep_.try_next_conn_req(config_);
         if (!req && req.error() == rpmapp::errc::no_event) return;
         auto conn = must(must(std::move(req), "next_conn_req").connect(), "ConnReq::connect");
         int fd = must(conn.fd(), "Conn::fd");
@@ -134,6 +135,7 @@ class RpmappServer : public ServerBase {
     }
   }
   rpmapp::Endpoint ep_;
+  rpmapp::ConnConfig config_;
   std::unordered_map<int, rpmapp::Conn> conns_;
 };
 

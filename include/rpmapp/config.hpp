@@ -55,6 +55,18 @@ struct ConnConfig {
   /// Srq may go before it. Receives are then posted with Srq::recv (Conn::recv is inval), and
   /// land in the Srq's receive CQ when it has one (else in this connection's).
   const Srq* srq = nullptr;
+  /// Take the connection's rdma_cm event channel from its Peer's spares, and give it back
+  /// when the connection is released, instead of opening and closing one per connection
+  /// (an open, a stat, two fcntl and a close of /dev/infiniband/rdma_cm, and the kernel's
+  /// file: about 3 ms of each connection's setup on Soft-RoCE under emulation). The spares
+  /// are channels of released connections that set this too, at most
+  /// Peer::max_spare_event_channels, closed with the Peer's last reference.
+  /// The price: Conn::fd() (PendingConnReq::fd()) stays open after the connection is
+  /// released and may become the fd of a later connection, so remove it from your epoll
+  /// sets before releasing the connection (EventLoop does). A channel whose cm_id could
+  /// not be destroyed is closed, never reused. The default, false, closes the fd with the
+  /// connection.
+  bool reuse_event_channel = false;
 };
 
 /// Options of a listening endpoint.

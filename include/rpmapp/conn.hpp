@@ -157,10 +157,12 @@ class Conn {
 
   /// The fd of the connection's event channel, for poll/epoll (readable = an event is
   /// pending).
-  /// It is always non-blocking (O_NONBLOCK): rpmapp reads it only after poll and loops on
+  /// It is always non-blocking (O_NONBLOCK): rpmapp's waits read it only after poll and loop on
   /// an empty read, so a blocking call waits whatever the fd's flags. Never clear
   /// O_NONBLOCK: librdmacm may consume an event itself between your poll and the read,
   /// and a blocking read would then hang until some later event.
+  /// Closed with the connection, unless ConnConfig::reuse_event_channel gives the channel
+  /// back to the Peer: then take it out of your epoll sets before releasing the Conn.
   /// Errors: inval when empty.
   expected<int> fd() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::fd"));

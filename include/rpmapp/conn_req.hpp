@@ -228,7 +228,7 @@ class PendingConnReq {
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
   /// The fd of the request's event channel: readable when resolution has advanced.
-  /// It is always non-blocking (O_NONBLOCK): rpmapp reads it only after poll and loops on
+  /// It is always non-blocking (O_NONBLOCK): rpmapp's waits read it only after poll and loop on
   /// an empty read, so a blocking call waits whatever the fd's flags. Never clear
   /// O_NONBLOCK: librdmacm may consume an event itself between your poll and the read,
   /// and a blocking read would then hang until some later event.
@@ -368,10 +368,7 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
     if (auto ok = detail::attach_srq(call, *core, config); !ok) return detail::fail(ok.error());
     auto info = detail::get_addr_info(addr, port, false);
     if (!info) return detail::fail(info.error());
-    errno = 0;
-    core->channel.reset(p.create_event_channel());
-    if (!core->channel) return detail::fail(detail::provider_error("rdma_create_event_channel", errno));
-    if (auto ok = detail::make_nonblocking(core->channel.get()); !ok) return detail::fail(ok.error());
+    if (auto ok = detail::open_event_channel(*core); !ok) return detail::fail(ok.error());
     rdma_cm_id* id = nullptr;
     errno = 0;
     if (p.create_id(core->channel.get(), &id, nullptr, RDMA_PS_TCP) != 0)

@@ -169,7 +169,7 @@ class Endpoint {
   }
 
   /// The listening event channel's fd, for poll/epoll (readable = a request is pending).
-  /// It is always non-blocking (O_NONBLOCK): rpmapp reads it only after poll and loops on
+  /// It is always non-blocking (O_NONBLOCK): rpmapp's waits read it only after poll and loop on
   /// an empty read, so a blocking call waits whatever the fd's flags. Never clear
   /// O_NONBLOCK: another reader (a thread on a handle of the same listener) or librdmacm
   /// itself may take the event between your poll and the read, and a blocking read would

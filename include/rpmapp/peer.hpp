@@ -12,8 +12,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <unistd.h>
 
@@ -39,6 +41,12 @@ struct PeerState {
   // connections (what lands there is never looked at).
   std::unique_ptr<std::byte, FreeDeleter> flush_buffer;
   MemoryRegion flush_mr;
+  /// Event channels of released connections made with ConnConfig::reuse_event_channel,
+  /// empty and non-blocking, made and closed through `seam`; guarded by the mutex
+  /// (connections are released on any thread).
+  static constexpr std::size_t max_spare_channels = 64;
+  std::mutex spare_channels_mutex;
+  std::vector<rdma_event_channel*> spare_channels;
   /// Who releases the domain when the state goes: Peer::open on its failure paths, then
   /// the last of the Peer and what was made from it.
   Teardown teardown{"Peer (last reference)", LogLevel::warning};
@@ -51,11 +59,34 @@ struct PeerState {
       log(teardown.level, teardown.where, released.error());
   }
 
-  /// Deregisters the flush buffer and deallocates the domain, reporting the first failure
+  /// A spare event channel, or nullptr when there is none.
+  rdma_event_channel* take_spare_channel() noexcept {
+    std::lock_guard lock(spare_channels_mutex);
+    if (spare_channels.empty()) return nullptr;
+    rdma_event_channel* channel = spare_channels.back();
+    spare_channels.pop_back();
+    return channel;
+  }
+  /// Keeps `channel` (empty: its cm_id is destroyed) as a spare; false when there are
+  /// max_spare_channels already (the caller closes it).
+  bool keep_spare_channel(rdma_event_channel* channel) noexcept {
+    std::lock_guard lock(spare_channels_mutex);
+    if (spare_channels.size() >= max_spare_channels) return false;
+    spare_channels.push_back(channel);  // no allocation: reserved when the state is made
+    return true;
+  }
+
+  /// Closes the spare event channels, deregisters the flush buffer and deallocates the
+  /// domain, reporting the first failure
   /// (the rest is still released). Idempotent.
   expected<void> release(Teardown by) noexcept {
     // libibverbs' destroy calls return the errno value instead of setting errno
     FirstError first{by};
+    {
+      std::lock_guard lock(spare_channels_mutex);
+      for (rdma_event_channel* channel : spare_channels) seam->destroy_event_channel(channel);
+      spare_channels.clear();
+    }
     if (flush_mr) first.value_call(seam->dereg_mr(flush_mr.release()), "ibv_dereg_mr");
     flush_buffer.reset();
     if (pd) first.value_call(seam->dealloc_pd(pd.release()), "ibv_dealloc_pd");
@@ -101,6 +132,10 @@ enum class AddressKind {
 /// const); creating and destroying Peers is thread-safe.
 class Peer {
  public:
+  /// How many event channels of released connections a Peer keeps for later ones
+  /// (ConnConfig::reuse_event_channel).
+  static constexpr std::size_t max_spare_event_channels = detail::PeerState::max_spare_channels;
+
   /// Allocates a protection domain on `context`, which must be one of librdmacm's own
   /// device contexts: an element of rdma_get_devices()'s list (those stay open for the
   /// process), or what Peer::from_address finds. librdmacm creates queue pairs on its own
@@ -123,6 +158,7 @@ class Peer {
     return detail::no_throw(call, [&]() -> expected<Peer> {
       auto state = std::make_shared<detail::PeerState>();
       state->teardown = {call, LogLevel::notice};  // until the Peer is made
+      state->spare_channels.reserve(detail::PeerState::max_spare_channels);
       const detail::Provider& p = detail::provider();
       // librpma's capability probes: on-demand paging (RC read and write) and native
       // atomic write.

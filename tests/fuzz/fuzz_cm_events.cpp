@@ -106,7 +106,9 @@ void run(World& w, fuzz::Reader& in) {
         break;
       case 2:  // take a request
         if (w.ep) {
-          auto r = w.ep->try_next_conn_req();
+          ConnConfig cfg;
+          cfg.reuse_event_channel = (arg & 128) != 0;  // a spare channel of the Peer's
+          auto r = w.ep->try_next_conn_req(cfg);
           if (!r) fuzz::check_error(r.error());
           else if (auto* s = w.free_slot(w.reqs)) s->emplace(std::move(*r));
         }
@@ -118,6 +120,7 @@ void run(World& w, fuzz::Reader& in) {
         if (auto* s = w.free_slot(w.pendings)) {
           ConnConfig cfg;
           cfg.timeout = std::chrono::milliseconds(20);
+          cfg.reuse_event_channel = (arg & 128) != 0;
           keep(s, ConnReq::start(w.peer, addresses[arg % std::size(addresses)], "7471", cfg));
         }
         break;

@@ -1,7 +1,8 @@
 // rpmapp::ConnReq, PendingConnReq, Conn and Peer on a real RDMA stack (Soft-RoCE in
 // tools/rpmapp-vm): private data both ways and its limits, reject with private data,
 // requests outliving their endpoint, non-blocking outgoing requests, peers dropped first,
-// queue pairs and completion queues, connecting to a port with no listener.
+// queue pairs and completion queues, connecting to a port with no listener, event channels
+// reused (ConnConfig::reuse_event_channel).
 // Needs $SOFTROCE_IP; fails, never skips, without it. Every wait is bounded.
 #include "support.hpp"
 
@@ -334,6 +335,47 @@ TEST_CASE("non-blocking Conn: the fd is O_NONBLOCK, try_ and _for give no_event,
   CHECK(MUST(server.next_event()) == ConnEvent::closed);
   MUST(server.disconnect());
   CHECK(wait_event(client, "client") == ConnEvent::closed);
+}
+
+TEST_CASE("reuse_event_channel: the next connections run on the released ones' channels, "
+          "and none of the released ones' events reaches them",
+          "[conn][reuse]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  rpmapp::ConnConfig config;
+  config.reuse_event_channel = true;
+  Conn client = start_client(peer, ip, port_text(ep), {}, config);
+  Conn server = MUST(take_request(ep, config).connect());
+  establish(client, server);
+  const int client_fd = MUST(client.fd());
+  const int server_fd = MUST(server.fd());
+  // The server is released with its DISCONNECTED unread: rdma_destroy_id must drop it.
+  MUST(client.disconnect());
+  pollfd readable{server_fd, POLLIN, 0};
+  REQUIRE(::poll(&readable, 1, 10000) == 1);
+  MUST(std::move(server).close());
+  CHECK(wait_event(client, "client") == ConnEvent::closed);
+  MUST(std::move(client).close());
+
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    Conn c = start_client(peer, ip, port_text(ep), {}, config);
+    Conn s = MUST(take_request(ep, config).connect());
+    const std::vector<int> fds = {MUST(c.fd()), MUST(s.fd())};
+    CHECK(((fds[0] == client_fd && fds[1] == server_fd) || (fds[0] == server_fd && fds[1] == client_fd)));
+    CHECK((::fcntl(fds[0], F_GETFL) & O_NONBLOCK) != 0);
+    CHECK((::fcntl(fds[1], F_GETFL) & O_NONBLOCK) != 0);
+    establish(c, s);  // the first events are this connection's own
+    CHECK(MUST_FAIL(c.try_next_event()).code() == errc::no_event);
+    CHECK(MUST_FAIL(s.try_next_event()).code() == errc::no_event);
+    disconnect_both(c, s);
+    MUST(std::move(c).close());
+    MUST(std::move(s).close());
+  }
+  // Kept open by the Peer (closed with its last reference), not by the released Conns.
+  CHECK(::fcntl(client_fd, F_GETFD) != -1);
+  CHECK(::fcntl(server_fd, F_GETFD) != -1);
 }
 
 TEST_CASE("connecting to a port with no listener is rejected or unreachable, not a hang",

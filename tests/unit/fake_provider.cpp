@@ -198,6 +198,21 @@ struct FakeProvider::Impl {
       if (ev->id == id)
         f().note("rdma_destroy_id: an event of the id is not acknowledged (would block)");
     // Requests queued on a listener and not yet taken are the kernel's to clean up.
+    // The kernel drops the id's events not yet read (ucma_destroy_private_ctx), so a
+    // channel reused after its id is gone delivers none of them.
+    if (!failed && id->channel != nullptr) {
+      if (auto ch = f().channels_.find(id->channel); ch != f().channels_.end()) {
+        auto& queue = ch->second.queue;
+        for (auto ev = queue.begin(); ev != queue.end();) {
+          if ((*ev)->id == id) {
+            f().discard_event(*ev);
+            ev = queue.erase(ev);
+          } else {
+            ++ev;
+          }
+        }
+      }
+    }
     f().ids_.erase(it);
     f().destroyed("cm_id");
     delete id;

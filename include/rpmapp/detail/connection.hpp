@@ -83,14 +83,22 @@ inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
   if (core.comp_channel)
     first.value_call(p.destroy_comp_channel(core.comp_channel.release()),
                      "ibv_destroy_comp_channel");
+  bool channel_empty = true;  // no cm_id left on it: it may be reused
   if (core.id) {
     errno = 0;
     if (core.id.get_deleter().reject_first)
       first.errno_call(p.reject(core.id.get(), nullptr, 0), "rdma_reject");
     errno = 0;
-    first.errno_call(p.destroy_id(core.id.release()), "rdma_destroy_id");
+    const int destroyed = p.destroy_id(core.id.release());
+    channel_empty = destroyed == 0;
+    first.errno_call(destroyed, "rdma_destroy_id");
   }
-  if (core.channel) p.destroy_event_channel(core.channel.release());
+  if (core.channel) {
+    if (!(channel_empty && core.config.reuse_event_channel && core.peer &&
+          core.peer->seam == core.seam && core.peer->keep_spare_channel(core.channel.get())))
+      p.destroy_event_channel(core.channel.get());
+    core.channel.release();
+  }
   core.srq.reset();
   core.peer.reset();
   return first.result();
@@ -131,6 +139,22 @@ inline expected<void> attach_srq(const char* call, ConnectionCore& core, const C
                               "shared receive queue with its own CQ (as librpma)"));
   core.srq = cfg.srq->state();
   return {};
+}
+
+/// Gives `core` (its peer and config set) its rdma_cm event channel: one of the peer's
+/// spares with ConnConfig::reuse_event_channel, else a new non-blocking one.
+/// Errors: provider (rdma_create_event_channel, fcntl).
+inline expected<void> open_event_channel(ConnectionCore& core) noexcept {
+  if (core.config.reuse_event_channel && core.peer->seam == core.seam) {
+    if (rdma_event_channel* spare = core.peer->take_spare_channel()) {
+      core.channel.reset(spare);
+      return {};
+    }
+  }
+  errno = 0;
+  core.channel.reset(provider().create_event_channel());
+  if (!core.channel) return fail(provider_error("rdma_create_event_channel", errno));
+  return make_nonblocking(core.channel.get());
 }
 
 /// A completion channel for a CQ. Errors: provider (ibv_create_comp_channel).

@@ -357,10 +357,7 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
   if (auto made = create_queues(*core, config); !made) return fail(made.error());
   core->config.srq = nullptr;  // the queue is held by core->srq from here on
   if (auto acked = ack(*event); !acked) return fail(acked.error());
-  errno = 0;
-  core->channel.reset(provider().create_event_channel());
-  if (!core->channel) return fail(provider_error("rdma_create_event_channel", errno));
-  if (auto ok = make_nonblocking(core->channel.get()); !ok) return fail(ok.error());
+  if (auto ok = open_event_channel(*core); !ok) return fail(ok.error());
   errno = 0;
   if (provider().migrate_id(core->id.get(), core->channel.get()) != 0)
     return fail(provider_error("rdma_migrate_id", errno));
