@@ -50,6 +50,7 @@ void await_server(const Server& server, long target) {
 rpmapp::ConnConfig lean_config() {
   rpmapp::ConnConfig config;
   config.reuse_event_channel = true;
+  config.completion_channel = false;
   return config;
 }
 rpmapp::ConnConfig rpmapp_config = lean_config();

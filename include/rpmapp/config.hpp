@@ -50,6 +50,16 @@ struct ConnConfig {
   /// rpma_conn_cfg_set_compl_channel): wait on the connection (Conn::wait_completion,
   /// Conn::completion_fd); Cq::wait on either queue is then errc::shared_channel.
   bool shared_completion_channel = false;
+  /// Whether the CQs get a completion channel at all. false: the CQ and the receive CQ are
+  /// created without one and are never armed, which saves per side and connection an
+  /// ibv_create_comp_channel (open + ioctl), an ibv_req_notify_cq per CQ, and a close at
+  /// teardown; for a connection whose completions are only polled (Cq::get). What waits
+  /// for a completion event is then inval: Cq::fd, wait, try_wait, wait_for, next, next_for
+  /// and arm on the connection's queues, Conn::completion_fd and wait_completion (all
+  /// forms), EventLoop::watch_completions and completions. Fixed at creation (a CQ's
+  /// channel cannot be added later); false with shared_completion_channel is inval. A
+  /// shared receive queue's own CQ keeps its own channel.
+  bool completion_channel = true;
   /// A shared receive queue for the connection's receives (librpma's
   /// rpma_conn_cfg_set_srq); not owned: the connection keeps the queue alive itself, so the
   /// Srq may go before it. Receives are then posted with Srq::recv (Conn::recv is inval), and

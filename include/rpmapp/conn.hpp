@@ -196,7 +196,8 @@ class Conn {
     return core_->id->qp;
   }
   /// The main completion queue: send completions, and receive ones unless the connection
-  /// has a receive CQ (librpma's rpma_conn_get_cq). Valid while the Conn lives.
+  /// has a receive CQ (librpma's rpma_conn_get_cq). Valid while the Conn lives. Without
+  /// ConnConfig::completion_channel it has no channel: poll it with Cq::get (waits are inval).
   /// Errors: inval when empty.
   expected<Cq> cq() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::cq"));
@@ -212,10 +213,12 @@ class Conn {
   }
   /// The shared completion channel's fd (ConnConfig::shared_completion_channel), for
   /// poll/epoll; readable when either queue has a completion event (librpma's
-  /// rpma_conn_get_compl_fd). Errors: inval when empty; not_shared_chnl when the queues
-  /// have their own channels.
+  /// rpma_conn_get_compl_fd). Errors: inval when empty or without completion channels
+  /// (ConnConfig::completion_channel false); not_shared_chnl when the queues have their own
+  /// channels.
   expected<int> completion_fd() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::completion_fd"));
+    if (!core_->config.completion_channel) return detail::fail(no_channel("Conn::completion_fd"));
     if (!core_->config.shared_completion_channel)
       return detail::fail(not_shared("Conn::completion_fd"));
     return core_->comp_channel->fd;
@@ -223,7 +226,8 @@ class Conn {
   /// Waits for a completion event on the shared completion channel, acknowledges it,
   /// re-arms the queue it was for and returns that queue (cq() or rcq()); read its
   /// completions with Cq::get (librpma's rpma_conn_wait). A signal does not end the wait.
-  /// Errors: inval when empty; not_shared_chnl when the queues have their own channels
+  /// Errors: inval when empty or without completion channels (ConnConfig::completion_channel
+  /// false: poll with Cq::get); not_shared_chnl when the queues have their own channels
   /// (use Cq::wait); no_completion (only try_/_for: no event in time); provider: poll,
   /// ibv_get_cq_event or ibv_req_notify_cq failed; unknown: an event for a queue that is
   /// not this connection's.
@@ -395,6 +399,10 @@ class Conn {
     core_->teardown = {"Conn::~Conn", LogLevel::warning};
   }
 
+  static Error no_channel(const char* call) noexcept {
+    return detail::invalid(call, "the connection has no completion channel "
+                                 "(ConnConfig::completion_channel is false): poll with Cq::get");
+  }
   static Error not_shared(const char* call) noexcept {
     return Error(errc::not_shared_chnl, 0, call,
                  "the queues have their own completion channels (ConnConfig::shared_completion_channel is off)");
@@ -402,6 +410,7 @@ class Conn {
 
   expected<Cq> wait_shared(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
+    if (!core_->config.completion_channel) return detail::fail(no_channel(call));
     if (!core_->config.shared_completion_channel) return detail::fail(not_shared(call));
     auto fired = detail::next_cq_event(core_->comp_channel.get(), detail::Deadline(wait));
     if (!fired) return detail::fail(fired.error());

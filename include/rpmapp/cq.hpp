@@ -129,7 +129,9 @@ inline expected<void> rearm(ibv_cq* cq) noexcept {
 /// when the queue is empty waits for an event, re-arms the queue and polls again.
 /// When a connection's CQ and receive CQ share one channel (ConnConfig::shared_completion
 /// _channel), waiting is the connection's (Conn::wait_completion): wait()/next() here are
-/// errc::shared_channel, as in librpma.
+/// errc::shared_channel, as in librpma. A connection made without completion channels
+/// (ConnConfig::completion_channel false) has queues that are only polled: get() works,
+/// and fd(), wait(), try_wait(), wait_for(), next(), next_for() and arm() are inval.
 /// Thread safety: one thread at a time per Cq (a second reader of the channel could block).
 class Cq {
  public:
@@ -140,20 +142,22 @@ class Cq {
   /// The completion channel's fd, for poll/epoll (readable = a completion event is
   /// pending; then call wait() or try_wait(), which acknowledge it and re-arm the queue).
   /// The fd may be made non-blocking; rpmapp polls before reading either way.
-  /// Errors: inval when empty.
+  /// Errors: inval when empty or when the queue has no completion channel.
   expected<int> fd() const noexcept {
     if (!cq_) return detail::fail(empty("Cq::fd"));
+    if (!channel_) return detail::fail(no_channel("Cq::fd"));
     return channel_->fd;
   }
 
   /// Waits for the queue's next completion event, acknowledges it and re-arms the queue
   /// (librpma's rpma_cq_wait). Completions are then read with get(). A signal does not end
   /// the wait.
-  /// Errors: inval when empty; shared_channel (wait on the Conn); no_completion (only from
-  /// try_wait / wait_for: no event in time); provider: poll, ibv_get_cq_event or
-  /// ibv_req_notify_cq failed (the event was taken and acknowledged, but the queue is not
-  /// armed: its completions can still be read with get(); call arm() before waiting again);
-  /// unknown: the event was for another queue.
+  /// Errors: inval when empty or when the queue has no completion channel (ConnConfig::
+  /// completion_channel false: nothing is waited for); shared_channel (wait on the Conn);
+  /// no_completion (only from try_wait / wait_for: no event in time); provider: poll,
+  /// ibv_get_cq_event or ibv_req_notify_cq failed (the event was taken and acknowledged, but
+  /// the queue is not armed: its completions can still be read with get(); call arm()
+  /// before waiting again); unknown: the event was for another queue.
   expected<void> wait() noexcept { return wait_event("Cq::wait", detail::Wait::forever()); }
   /// As wait(), returning no_completion at once when no event is pending.
   expected<void> try_wait() noexcept { return wait_event("Cq::try_wait", detail::Wait::none()); }
@@ -164,9 +168,11 @@ class Cq {
 
   /// Asks for the queue's next completion event (ibv_req_notify_cq). wait() does this after
   /// each event; call it only to recover from a wait that failed in ibv_req_notify_cq.
-  /// Errors: inval when empty; provider: ibv_req_notify_cq failed.
+  /// Errors: inval when empty or when the queue has no completion channel; provider:
+  /// ibv_req_notify_cq failed.
   expected<void> arm() noexcept {
     if (!cq_) return detail::fail(empty("Cq::arm"));
+    if (!channel_) return detail::fail(no_channel("Cq::arm"));
     return detail::rearm(cq_);
   }
 
@@ -198,7 +204,8 @@ class Cq {
   /// Returns at least one completion: polls, and while the queue is empty waits for its
   /// event (acknowledged, queue re-armed) and polls again, so that no completion is lost
   /// between the poll and the wait. A signal does not end the wait (EINTR is retried).
-  /// Errors: as get() (never no_completion) and wait().
+  /// Errors: as get() (never no_completion) and wait(); inval at once, nothing polled, on a
+  /// queue without a completion channel (poll it with get()).
   expected<std::span<ibv_wc>> next(std::span<ibv_wc> out) noexcept {
     return next_until("Cq::next", out, detail::Deadline(detail::Wait::forever()));
   }
@@ -229,12 +236,18 @@ class Cq {
   static Error empty(const char* call) noexcept {
     return Error(errc::inval, 0, call, "no completion queue (empty Cq, or no receive CQ configured)");
   }
+  static Error no_channel(const char* call) noexcept {
+    return Error(errc::inval, 0, call,
+                 "the connection has no completion channel (ConnConfig::completion_channel is false): "
+                 "poll with Cq::get");
+  }
 
   expected<void> wait_event(const char* call, detail::Wait wait) noexcept {
     return wait_until(call, detail::Deadline(wait));
   }
   expected<void> wait_until(const char* call, const detail::Deadline& deadline) noexcept {
     if (!cq_) return detail::fail(empty(call));
+    if (!channel_) return detail::fail(no_channel(call));
     if (shared_)
       return detail::fail(Error(errc::shared_channel, 0, call,
                                 "the channel is shared by the connection's queues: use Conn::wait_completion"));
@@ -246,6 +259,7 @@ class Cq {
   }
   expected<std::span<ibv_wc>> next_until(const char* call, std::span<ibv_wc> out,
                                          const detail::Deadline& deadline) noexcept {
+    if (cq_ && !channel_) return detail::fail(no_channel(call));
     for (;;) {
       auto got = get(out);
       if (got || got.error().code() != errc::no_completion) return got;

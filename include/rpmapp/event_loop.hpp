@@ -44,6 +44,7 @@ struct LoopAccess {
 
 /// Makes a connection's completion channels non-blocking (once): a loop reads them only
 /// after epoll said readable, but never blocks should another reader have taken the event.
+/// A connection without channels (ConnConfig::completion_channel false) has none to change.
 inline expected<void> completion_fds_nonblocking(ConnectionCore& core) noexcept {
   if (core.completion_fds_nonblocking) return {};
   for (ibv_comp_channel* channel : {core.comp_channel.get(), core.rcq_channel.get()}) {
@@ -246,6 +247,9 @@ class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::
     if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
     if (out_.empty() || out_.size() > 0x7fffffffu)
       return finish(invalid(call(), "room for {} completions: give 1 to 2^31-1", out_.size()));
+    if (!conn_->config.completion_channel)
+      return finish(invalid(call(), "the connection has no completion channel "
+                                    "(ConnConfig::completion_channel is false): poll with Cq::get"));
     if (channel() == nullptr)
       return finish(invalid(call(), "the connection has no receive completion queue of its own"));
     if (auto ok = completion_fds_nonblocking(*conn_); !ok) return finish(ok.error());
@@ -567,7 +571,8 @@ class EventLoop {
   /// ibv_poll_cq failing) is passed on. Check each completion's status (check(wc)). The
   /// queue is re-armed before it is polled, so no completion is missed; the completion
   /// channel's fd is made non-blocking. Do not also wait on the same queue elsewhere.
-  /// Errors: inval (empty loop or Conn; `receive` on a connection without its own receive
+  /// Errors: inval (empty loop or Conn; a connection without completion channels, ConnConfig::
+  /// completion_channel false; `receive` on a connection without its own receive
   /// channel); provider (fcntl, epoll_ctl: EEXIST when this loop already watches that
   /// channel); nomem.
   expected<Registration> watch_completions(
@@ -578,6 +583,9 @@ class EventLoop {
     detail::ConnectionCore* core = detail::LoopAccess::core(conn);
     if (core == nullptr) return detail::fail(detail::invalid(call, "the Conn is empty (moved from or closed)"));
     if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
+    if (!core->config.completion_channel)
+      return detail::fail(detail::invalid(call, "the connection has no completion channel "
+                                                "(ConnConfig::completion_channel is false): poll with Cq::get"));
     ibv_comp_channel* channel = which == CqKind::main ? core->comp_channel.get() : core->rcq_channel.get();
     if (channel == nullptr)
       return detail::fail(detail::invalid(call, "the connection has no receive completion channel of its own "
@@ -648,8 +656,9 @@ class EventLoop {
   /// The next completions of `conn`'s queue `which` into `out` (the filled part): at once
   /// if some are queued, else when the queue's completion channel fires (re-armed before
   /// polling: none is missed). With a shared completion channel, CqKind::main returns
-  /// either queue's. Errors also: inval (empty `out`; CqKind::receive without a receive
-  /// CQ); provider (fcntl, ibv_get_cq_event, ibv_req_notify_cq, ibv_poll_cq).
+  /// either queue's. Errors also: inval (empty `out`; a connection without completion
+  /// channels, ConnConfig::completion_channel false, even with completions queued;
+  /// CqKind::receive without a receive CQ); provider (fcntl, ibv_get_cq_event, ibv_req_notify_cq, ibv_poll_cq).
   detail::CompletionAwaiter completions(Conn& conn, std::span<ibv_wc> out, CqKind which = CqKind::main,
                                         std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
     return {core_.get(), conn, out, which == CqKind::receive, timeout};

@@ -2,7 +2,8 @@
 // moves the right bytes (checked by content at 1 B, 8 B, 4 KiB and 1 MiB), a remote
 // region used without the rights it needs fails in the completion, receives posted
 // before connect, a shared receive queue used by two connections, completions through
-// epoll and through a shared completion channel, disconnect with work in flight, and
+// epoll and through a shared completion channel, completions busy-polled on connections
+// without a completion channel, disconnect with work in flight, and
 // ConnConfig's queue pair parameters as the queue pair reports them.
 // Server and client run in one process, over $SOFTROCE_IP. Needs $SOFTROCE_IP; fails,
 // never skips, without it. Every wait is bounded.
@@ -735,6 +736,79 @@ TEST_CASE("a shared completion channel: one fd, wait_completion says which queue
                            std::span(link.client_mem).subspan(4 * KiB, 4 * KiB)) == -1);
     CHECK(MUST_FAIL(link.server.try_wait_completion()).code() == errc::no_completion);
   }
+  link.close();
+}
+
+namespace {
+
+// Busy-polls `cq` with Cq::get until a completion comes; FAILs naming `who` after event_wait.
+ibv_wc poll_wc(Cq cq, const char* who) {
+  std::array<ibv_wc, 1> wc{};
+  const auto end = std::chrono::steady_clock::now() + event_wait;
+  for (;;) {
+    auto got = cq.get(wc);
+    if (got) {
+      REQUIRE(got->size() == 1);
+      return wc[0];
+    }
+    if (got.error().code() != errc::no_completion) FAIL(who << ": Cq::get: " << got.error().message());
+    if (std::chrono::steady_clock::now() > end) FAIL(who << ": no completion polled in time");
+  }
+}
+
+// Every call that waits for a completion event is inval on `conn` (no completion channel).
+void expect_no_waiting(Conn& conn, const char* who) {
+  INFO(who);
+  CHECK(MUST_FAIL(conn.wait_completion()).code() == errc::inval);
+  CHECK(MUST_FAIL(conn.try_wait_completion()).code() == errc::inval);
+  CHECK(MUST_FAIL(conn.wait_completion_for(10ms)).code() == errc::inval);
+  CHECK(MUST_FAIL(conn.completion_fd()).code() == errc::inval);
+  for (Cq cq : {cq_of(conn), rcq_of(conn)}) {
+    if (!cq) continue;
+    CHECK(MUST(cq.native())->channel == nullptr);  // as libibverbs created it
+    CHECK(MUST_FAIL(cq.fd()).code() == errc::inval);
+    CHECK(MUST_FAIL(cq.wait_for(10ms)).code() == errc::inval);
+    std::array<ibv_wc, 1> wc{};
+    const rpmapp::Error e = MUST_FAIL(cq.next_for(wc, 10ms));
+    CHECK(e.code() == errc::inval);
+    CHECK_THAT(e.message(), Catch::Contains("ConnConfig::completion_channel is false"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("no completion channel (ConnConfig::completion_channel false): completions busy-polled "
+          "with Cq::get on both sides; waits are inval", "[data][no_channel]") {
+  Link link(ConnConfig{.completion_channel = false}, ConnConfig{.rcq_size = 4, .completion_channel = false});
+  expect_no_waiting(link.client, "client");
+  expect_no_waiting(link.server, "server");
+  REQUIRE(rcq_of(link.server));
+  for (std::size_t n : sizes) {
+    INFO("size " << n);
+    // A write from the client, its completion polled.
+    fill(link.client_mem, 40);
+    fill(link.server_mem, 41);
+    Bytes expected = with_copy(link.server_mem, dst_offset, link.client_mem, src_offset, n);
+    MUST(link.client.write(link.remote, dst_offset, link.client_mr, src_offset, n, Completion::always, 0xa00 + n));
+    expect_done(poll_wc(cq_of(link.client), "client"), IBV_WC_RDMA_WRITE, 0xa00 + n);
+    CHECK(first_difference(link.server_mem, expected) == -1);
+
+    // A message to the server: the send on the client's CQ, the receive on the server's
+    // receive CQ, both polled.
+    fill(link.client_mem, 42);
+    fill(link.server_mem, 43);
+    expected = with_copy(link.server_mem, dst_offset, link.client_mem, src_offset, n);
+    MUST(link.server.recv(link.server_mr, dst_offset, n + 16, 0xb00 + n));
+    MUST(link.client.send(link.client_mr, src_offset, n, Completion::always, 0xc00 + n));
+    expect_done(poll_wc(cq_of(link.client), "client"), IBV_WC_SEND, 0xc00 + n);
+    const ibv_wc got = poll_wc(rcq_of(link.server), "server");
+    expect_done(got, IBV_WC_RECV, 0xb00 + n);
+    CHECK(got.byte_len == n);
+    CHECK(first_difference(link.server_mem, expected) == -1);
+  }
+  std::array<ibv_wc, 1> wc{};
+  CHECK(MUST_FAIL(cq_of(link.client).get(wc)).code() == errc::no_completion);
+  CHECK(MUST_FAIL(cq_of(link.server).get(wc)).code() == errc::no_completion);
   link.close();
 }
 

@@ -30,7 +30,7 @@ struct ConnectionCore {
   std::shared_ptr<SrqState> srq;  // ConnConfig::srq's, or none
   EventChannel channel;
   CmId id;
-  CompChannel comp_channel;  // the CQ's, or the one both CQs share
+  CompChannel comp_channel;  // the CQ's, or the one both CQs share (none: completion_channel off)
   CompChannel rcq_channel;   // the receive CQ's own (not shared)
   CompletionQueue cq;
   CompletionQueue rcq;
@@ -122,6 +122,9 @@ inline expected<void> check_config(const char* call, const ConnConfig& cfg) noex
   if (cfg.completion_vector < 0) return fail(invalid(call, "completion_vector must not be negative"));
   if (cfg.srq != nullptr && !*cfg.srq)
     return fail(invalid(call, "srq points at an empty Srq (moved from or closed)"));
+  if (cfg.shared_completion_channel && !cfg.completion_channel)
+    return fail(invalid(call, "shared_completion_channel needs a completion channel "
+                              "(completion_channel is false)"));
   return {};
 }
 
@@ -165,14 +168,16 @@ inline expected<void> make_comp_channel(CompChannel& out, ibv_context* verbs) no
   return {};
 }
 
-/// A CQ on `channel`, armed for its first completion event.
-/// Errors: inval (completion vector out of range), provider (ibv_create_cq, ibv_req_notify_cq).
+/// A CQ on `channel`, armed for its first completion event; without a channel (null), a
+/// CQ that is only polled, not armed.
+/// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
 inline expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uint32_t size,
                               ibv_comp_channel* channel, int vector) noexcept {
   const Provider& p = provider();
   errno = 0;
   out.reset(p.create_cq(verbs, static_cast<int>(size), nullptr, channel, vector));
   if (!out) return fail(provider_error("ibv_create_cq", errno));
+  if (channel == nullptr) return {};
   if (int rc = p.req_notify_cq(out.get(), 0); rc != 0)
     return fail(provider_error("ibv_req_notify_cq", rc));
   return {};
@@ -189,19 +194,20 @@ inline expected<void> check_private_data(const char* call, std::span<const std::
 /// Creates the completion channel(s), CQ(s) and queue pair of `core->id` on `core->peer`
 /// (and its shared receive queue, core->srq): the CQ with its own channel; a receive CQ
 /// (rcq_size > 0, and no shared receive queue with a CQ of its own) with its own channel or
-/// the shared one.
+/// the shared one. Without completion_channel, no channel: the CQs are only polled.
 inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg) noexcept {
   ibv_context* verbs = core.id->verbs;
   if (cfg.completion_vector > 0 && cfg.completion_vector >= verbs->num_comp_vectors)
     return fail(invalid("ConnConfig", "completion_vector {} is not below the device's {} vectors",
                         cfg.completion_vector, verbs->num_comp_vectors));
-  if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
+  if (cfg.completion_channel)
+    if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
   if (auto ok = make_cq(core.cq, verbs, cfg.cq_size, core.comp_channel.get(), cfg.completion_vector); !ok)
     return ok;
   const bool srq_has_cq = core.srq && core.srq->rcq;
   if (cfg.rcq_size > 0 && !srq_has_cq) {
     ibv_comp_channel* channel = core.comp_channel.get();
-    if (!cfg.shared_completion_channel) {
+    if (cfg.completion_channel && !cfg.shared_completion_channel) {
       if (auto ok = make_comp_channel(core.rcq_channel, verbs); !ok) return ok;
       channel = core.rcq_channel.get();
     }
