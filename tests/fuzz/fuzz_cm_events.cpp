@@ -108,6 +108,7 @@ void run(World& w, fuzz::Reader& in) {
         if (w.ep) {
           ConnConfig cfg;
           cfg.reuse_event_channel = (arg & 128) != 0;  // a spare channel of the Peer's
+          cfg.completion_channel = (arg & 64) == 0;     // CQs without one, only polled
           auto r = w.ep->try_next_conn_req(cfg);
           if (!r) fuzz::check_error(r.error());
           else if (auto* s = w.free_slot(w.reqs)) s->emplace(std::move(*r));
@@ -121,6 +122,7 @@ void run(World& w, fuzz::Reader& in) {
           ConnConfig cfg;
           cfg.timeout = std::chrono::milliseconds(20);
           cfg.reuse_event_channel = (arg & 128) != 0;
+          cfg.completion_channel = (arg & 64) == 0;
           keep(s, ConnReq::start(w.peer, addresses[arg % std::size(addresses)], "7471", cfg));
         }
         break;

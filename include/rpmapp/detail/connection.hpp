@@ -157,7 +157,9 @@ inline expected<void> open_event_channel(ConnectionCore& core) noexcept {
   errno = 0;
   core.channel.reset(provider().create_event_channel());
   if (!core.channel) return fail(provider_error("rdma_create_event_channel", errno));
-  return make_nonblocking(core.channel.get());
+  auto made = make_nonblocking(core.channel.get());
+  if (!made) core.channel.reset();  // never kept as a spare: a blocking read would hang
+  return made;
 }
 
 /// A completion channel for a CQ. Errors: provider (ibv_create_comp_channel).
