@@ -148,7 +148,8 @@ struct Epoll {
 };
 
 /// rpmapp: slot i holds a PendingConnReq until resolution is done, then a Conn; the fd
-/// (the request's own event channel) stays the same and stays in epoll throughout.
+/// (the request's own event channel) stays the same and stays in epoll throughout; one
+/// try_wait / try_next_event per readiness (level-triggered), as the librpma client.
 void conc_rpmapp(const rpmapp::Peer& peer, int total, int inflight) {
   struct Slot {
     std::optional<rpmapp::PendingConnReq> pending;
@@ -180,22 +181,19 @@ void conc_rpmapp(const rpmapp::Peer& peer, int total, int inflight) {
         continue;
       }
       if (!s.conn) continue;
-      for (;;) {
-        auto ev = s.conn->try_next_event();
-        if (!ev && ev.error() == rpmapp::errc::no_event) break;
-        auto what = must(std::move(ev), "Conn::try_next_event");
-        if (what == rpmapp::ConnEvent::established) {
-          must(s.conn->disconnect(), "Conn::disconnect");
-        } else if (what == rpmapp::ConnEvent::closed) {
-          ep.del(s.fd);
-          must(std::move(*s.conn).close(), "Conn::close");
-          s.conn.reset();
-          ++done;
-          if (started < total) launch(i);
-          break;
-        } else {
-          die("rpmapp", std::string(rpmapp::to_string(what)));
-        }
+      auto ev = s.conn->try_next_event();  // one per readiness: epoll is level-triggered
+      if (!ev && ev.error() == rpmapp::errc::no_event) continue;
+      auto what = must(std::move(ev), "Conn::try_next_event");
+      if (what == rpmapp::ConnEvent::established) {
+        must(s.conn->disconnect(), "Conn::disconnect");
+      } else if (what == rpmapp::ConnEvent::closed) {
+        ep.del(s.fd);
+        must(std::move(*s.conn).close(), "Conn::close");
+        s.conn.reset();
+        ++done;
+        if (started < total) launch(i);
+      } else {
+        die("rpmapp", std::string(rpmapp::to_string(what)));
       }
     }
   }

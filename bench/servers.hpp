@@ -93,9 +93,11 @@ class ServerBase : public Server {
   std::thread thread_;
 };
 
-/// rpmapp: the Endpoint's fd and each Conn's fd (rpmapp makes them non-blocking), drained
-/// with try_next_conn_req() / try_next_event() until no_event; each request accepted with
-/// `config`. Key: 1 = listener, else fd + 2.
+/// rpmapp: the Endpoint's fd and each Conn's fd (rpmapp makes them non-blocking) in epoll
+/// (level-triggered), one try_next_conn_req() / try_next_event() per readiness, as the
+/// librpma server below: a connection's fd mostly holds one event, so draining it until
+/// no_event would cost an empty read per event. Each request is accepted with `config`.
+/// Key: 1 = listener, else fd + 2.
 class RpmappServer : public ServerBase {
  public:
   RpmappServer(const rpmapp::Peer& peer, const char* ip, const char* port,
@@ -108,30 +110,26 @@ class RpmappServer : public ServerBase {
  private:
   void on_ready(std::uint64_t key) override {
     if (key == 1) {
-      for (;;) {
-        auto req = ep_.try_next_conn_req(config_);
-        if (!req && req.error() == rpmapp::errc::no_event) return;
-        auto conn = must(must(std::move(req), "next_conn_req").connect(), "ConnReq::connect");
-        int fd = must(conn.fd(), "Conn::fd");
-        conns_.emplace(fd, std::move(conn));
-        add(fd, static_cast<std::uint64_t>(fd) + 2);
-      }
+      auto req = ep_.try_next_conn_req(config_);
+      if (!req && req.error() == rpmapp::errc::no_event) return;
+      auto conn = must(must(std::move(req), "next_conn_req").connect(), "ConnReq::connect");
+      int fd = must(conn.fd(), "Conn::fd");
+      conns_.emplace(fd, std::move(conn));
+      add(fd, static_cast<std::uint64_t>(fd) + 2);
+      return;
     }
     const int fd = static_cast<int>(key - 2);
     auto it = conns_.find(fd);
     if (it == conns_.end()) return;
-    for (;;) {
-      auto ev = it->second.try_next_event();
-      if (!ev && ev.error() == rpmapp::errc::no_event) return;
-      const auto what = must(std::move(ev), "Conn::next_event");
-      if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
-      if (what == rpmapp::ConnEvent::closed) {
-        del(fd);
-        must(std::move(it->second).close(), "Conn::close");
-        conns_.erase(it);
-        closed_.fetch_add(1, std::memory_order_release);
-        return;
-      }
+    auto ev = it->second.try_next_event();
+    if (!ev && ev.error() == rpmapp::errc::no_event) return;  // e.g. a TIMEWAIT_EXIT taken
+    const auto what = must(std::move(ev), "Conn::next_event");
+    if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
+    if (what == rpmapp::ConnEvent::closed) {
+      del(fd);
+      must(std::move(it->second).close(), "Conn::close");
+      conns_.erase(it);
+      closed_.fetch_add(1, std::memory_order_release);
     }
   }
   rpmapp::Endpoint ep_;

@@ -72,18 +72,6 @@ void check_no_channel(const fake::FakeProvider& fake, bool rcq) {
   CHECK(fake.alive("cq") == (rcq ? 2 : 1));
 }
 
-template <std::size_t N> struct PoisonedWcs {
-  ibv_wc wc[N];
-  PoisonedWcs() { std::memset(wc, 0xAB, sizeof wc); }
-  std::span<ibv_wc> span() { return wc; }
-  bool untouched() const {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(wc);
-    for (std::size_t i = 0; i < sizeof wc; ++i)
-      if (bytes[i] != 0xAB) return false;
-    return true;
-  }
-};
-
 /// Every waiting call of `cq` (a queue without a channel) is inval, names the option and
 /// writes nothing.
 void check_cq_waits_inval(Cq cq) {

@@ -12,20 +12,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// Completions poisoned with 0xAB bytes: a caller's buffer, to prove a failed call did not
-/// write it.
-template <std::size_t N> struct PoisonedWcs {
-  ibv_wc wc[N];
-  PoisonedWcs() { std::memset(wc, 0xAB, sizeof wc); }
-  std::span<ibv_wc> span() { return wc; }
-  bool untouched() const {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(wc);
-    for (std::size_t i = 0; i < sizeof wc; ++i)
-      if (bytes[i] != 0xAB) return false;
-    return true;
-  }
-};
-
 /// ibv_poll_cq sets no errno: a negative return is a provider error that says what it was.
 void check_poll_cq_returned(const Error& e, int returned) {
   INFO("error: " << e.message());

@@ -23,6 +23,20 @@ inline Conn connected(fake::FakeProvider& fake, const Peer& peer, const ConnConf
   return std::move(*conn);
 }
 
+/// Completions poisoned with 0xAB bytes: a caller's buffer, to prove a failed call did not
+/// write it.
+template <std::size_t N> struct PoisonedWcs {
+  ibv_wc wc[N];
+  PoisonedWcs() { std::memset(wc, 0xAB, sizeof wc); }
+  std::span<ibv_wc> span() { return wc; }
+  bool untouched() const {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(wc);
+    for (std::size_t i = 0; i < sizeof wc; ++i)
+      if (bytes[i] != 0xAB) return false;
+    return true;
+  }
+};
+
 /// Memory that stays put while registered (the tests compare addresses).
 struct Buffer {
   std::unique_ptr<std::byte[]> bytes;
