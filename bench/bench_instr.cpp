@@ -168,8 +168,7 @@ void release(rdma_cm_id* id, Queues q, rdma_event_channel* ch) {
 // Event channels are made non-blocking, and every wait polls before it reads, as rpmapp's
 // (a look without waiting only reads).
 void make_nonblocking(rdma_event_channel* ch) {
-  const int flags = p().fcntl(ch->fd, F_GETFL, 0);
-  if (flags < 0 || p().fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK)) fail("fcntl");
+  if (p().fcntl(ch->fd, F_SETFL, O_NONBLOCK)) fail("fcntl");
 }
 
 rdma_event_channel* new_channel() {

@@ -362,7 +362,7 @@ inline const rpmapp::detail::Provider provider = {
       note(c_req_notify_cq);
       return 0;
     },
-    // fcntl: rpmapp makes each event channel O_NONBLOCK (F_GETFL, then F_SETFL)
+    // fcntl: rpmapp makes each event channel O_NONBLOCK (one F_SETFL)
     [](int, int cmd, int) {
       note(c_fcntl);
       return cmd == F_GETFL ? O_RDWR : 0;

@@ -67,8 +67,8 @@ struct ConnConfig {
   const Srq* srq = nullptr;
   /// Take the connection's rdma_cm event channel from its Peer's spares, and give it back
   /// when the connection is released, instead of opening and closing one per connection
-  /// (an open, a stat, two fcntl and a close of /dev/infiniband/rdma_cm, and the kernel's
-  /// file: about 3 ms of each connection's setup on Soft-RoCE under emulation). The spares
+  /// (an open, a stat, an fcntl and a close of /dev/infiniband/rdma_cm, and the kernel's
+  /// file: on Soft-RoCE the open costs about what rdma_bind_addr does). The spares
   /// are channels of released connections that set this too, at most
   /// Peer::max_spare_event_channels, closed with the Peer's last reference.
   /// The price: Conn::fd() (PendingConnReq::fd()) stays open after the connection is

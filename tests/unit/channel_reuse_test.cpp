@@ -174,7 +174,7 @@ TEST_CASE("reuse_event_channel: each provider call of a first request fails in t
           "finished channel is kept",
           "[conn_req][reuse][fail-each]") {
   const std::vector<std::string> calls = {
-      "rdma_getaddrinfo",  "rdma_create_event_channel", "fcntl",             "fcntl",
+      "rdma_getaddrinfo",  "rdma_create_event_channel", "fcntl",
       "rdma_create_id",    "rdma_resolve_addr",         "rdma_freeaddrinfo", "poll",
       "rdma_get_cm_event", "rdma_resolve_route",        "rdma_ack_cm_event", "poll",
       "rdma_get_cm_event", "ibv_create_comp_channel",   "ibv_create_cq",     "ibv_req_notify_cq",

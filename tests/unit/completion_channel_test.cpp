@@ -26,7 +26,7 @@ constexpr std::string_view reason = "ConnConfig::completion_channel is false";
 /// ConnReq::to's calls without a completion channel: the CQs are created and not armed.
 std::vector<std::string> to_calls(bool rcq) {
   std::vector<std::string> calls = {
-      "rdma_getaddrinfo",  "rdma_create_event_channel", "fcntl",          "fcntl",
+      "rdma_getaddrinfo",  "rdma_create_event_channel", "fcntl",
       "rdma_create_id",    "rdma_resolve_addr",         "rdma_freeaddrinfo", "poll",
       "rdma_get_cm_event", "rdma_resolve_route",        "rdma_ack_cm_event", "poll",
       "rdma_get_cm_event", "ibv_create_cq"};
@@ -40,7 +40,7 @@ std::vector<std::string> request_calls(bool rcq) {
   std::vector<std::string> calls = {"poll", "rdma_get_cm_event", "ibv_create_cq"};
   if (rcq) calls.push_back("ibv_create_cq");
   calls.insert(calls.end(), {"rdma_create_qp", "rdma_ack_cm_event", "rdma_create_event_channel",
-                             "fcntl", "fcntl", "rdma_migrate_id"});
+                             "fcntl", "rdma_migrate_id"});
   return calls;
 }
 

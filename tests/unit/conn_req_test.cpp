@@ -7,7 +7,7 @@ using namespace std::chrono_literals;
 namespace {
 const std::vector<std::string> to_calls = {
     "rdma_getaddrinfo",   "rdma_create_event_channel", "fcntl",
-    "fcntl",              "rdma_create_id",
+    "rdma_create_id",
     "rdma_resolve_addr",  "rdma_freeaddrinfo",         "poll",
     "rdma_get_cm_event",  "rdma_resolve_route",        "rdma_ack_cm_event",
     "poll",               "rdma_get_cm_event",         "ibv_create_comp_channel",

@@ -60,15 +60,14 @@ inline bool is_empty_channel_errno(int e) noexcept {
   return e == EAGAIN || e == EWOULDBLOCK || e == ENODATA;
 }
 
-/// Sets O_NONBLOCK on `channel`'s fd (reads must never block: see above).
-/// Errors: provider (fcntl).
+/// Sets O_NONBLOCK on the fd of `channel`, just made (reads must never block: see above).
+/// One F_SETFL, no F_GETFL: librdmacm opens the channel O_RDWR | O_CLOEXEC, and F_SETFL
+/// keeps the access mode and the fd flags, so O_NONBLOCK alone is what F_GETFL's flags
+/// with O_NONBLOCK added would be. Errors: provider (fcntl).
 inline expected<void> make_nonblocking(rdma_event_channel* channel) noexcept {
   const Provider& p = provider();
   errno = 0;
-  const int flags = p.fcntl(channel->fd, F_GETFL, 0);
-  if (flags < 0) return fail(provider_error("fcntl", errno, "F_GETFL on the event channel"));
-  errno = 0;
-  if (p.fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0)
+  if (p.fcntl(channel->fd, F_SETFL, O_NONBLOCK) != 0)
     return fail(provider_error("fcntl", errno, "F_SETFL O_NONBLOCK on the event channel"));
   return {};
 }
