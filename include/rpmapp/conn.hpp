@@ -218,7 +218,7 @@ class Conn {
   /// channels.
   expected<int> completion_fd() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::completion_fd"));
-    if (!core_->config.completion_channel) return detail::fail(no_channel("Conn::completion_fd"));
+    if (!core_->config.completion_channel) return detail::fail(detail::no_completion_channel("Conn::completion_fd"));
     if (!core_->config.shared_completion_channel)
       return detail::fail(not_shared("Conn::completion_fd"));
     return core_->comp_channel->fd;
@@ -399,10 +399,6 @@ class Conn {
     core_->teardown = {"Conn::~Conn", LogLevel::warning};
   }
 
-  static Error no_channel(const char* call) noexcept {
-    return detail::invalid(call, "the connection has no completion channel "
-                                 "(ConnConfig::completion_channel is false): poll with Cq::get");
-  }
   static Error not_shared(const char* call) noexcept {
     return Error(errc::not_shared_chnl, 0, call,
                  "the queues have their own completion channels (ConnConfig::shared_completion_channel is off)");
@@ -410,7 +406,7 @@ class Conn {
 
   expected<Cq> wait_shared(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
-    if (!core_->config.completion_channel) return detail::fail(no_channel(call));
+    if (!core_->config.completion_channel) return detail::fail(detail::no_completion_channel(call));
     if (!core_->config.shared_completion_channel) return detail::fail(not_shared(call));
     auto fired = detail::next_cq_event(core_->comp_channel.get(), detail::Deadline(wait));
     if (!fired) return detail::fail(fired.error());

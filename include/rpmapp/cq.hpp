@@ -110,6 +110,12 @@ inline expected<ibv_cq*> next_cq_event(ibv_comp_channel* channel, const Deadline
   }
 }
 
+/// The inval of a wait on a connection made without completion channels.
+inline Error no_completion_channel(const char* call) noexcept {
+  return invalid(call, "the connection has no completion channel (ConnConfig::completion_channel is false): "
+                       "poll with Cq::get");
+}
+
 /// Asks for the next completion event of `cq`. Errors: provider (ibv_req_notify_cq).
 inline expected<void> rearm(ibv_cq* cq) noexcept {
   if (int rc = provider().req_notify_cq(cq, 0); rc != 0)
@@ -145,7 +151,7 @@ class Cq {
   /// Errors: inval when empty or when the queue has no completion channel.
   expected<int> fd() const noexcept {
     if (!cq_) return detail::fail(empty("Cq::fd"));
-    if (!channel_) return detail::fail(no_channel("Cq::fd"));
+    if (!channel_) return detail::fail(detail::no_completion_channel("Cq::fd"));
     return channel_->fd;
   }
 
@@ -172,7 +178,7 @@ class Cq {
   /// ibv_req_notify_cq failed.
   expected<void> arm() noexcept {
     if (!cq_) return detail::fail(empty("Cq::arm"));
-    if (!channel_) return detail::fail(no_channel("Cq::arm"));
+    if (!channel_) return detail::fail(detail::no_completion_channel("Cq::arm"));
     return detail::rearm(cq_);
   }
 
@@ -236,18 +242,13 @@ class Cq {
   static Error empty(const char* call) noexcept {
     return Error(errc::inval, 0, call, "no completion queue (empty Cq, or no receive CQ configured)");
   }
-  static Error no_channel(const char* call) noexcept {
-    return Error(errc::inval, 0, call,
-                 "the connection has no completion channel (ConnConfig::completion_channel is false): "
-                 "poll with Cq::get");
-  }
 
   expected<void> wait_event(const char* call, detail::Wait wait) noexcept {
     return wait_until(call, detail::Deadline(wait));
   }
   expected<void> wait_until(const char* call, const detail::Deadline& deadline) noexcept {
     if (!cq_) return detail::fail(empty(call));
-    if (!channel_) return detail::fail(no_channel(call));
+    if (!channel_) return detail::fail(detail::no_completion_channel(call));
     if (shared_)
       return detail::fail(Error(errc::shared_channel, 0, call,
                                 "the channel is shared by the connection's queues: use Conn::wait_completion"));
@@ -259,7 +260,7 @@ class Cq {
   }
   expected<std::span<ibv_wc>> next_until(const char* call, std::span<ibv_wc> out,
                                          const detail::Deadline& deadline) noexcept {
-    if (cq_ && !channel_) return detail::fail(no_channel(call));
+    if (cq_ && !channel_) return detail::fail(detail::no_completion_channel(call));
     for (;;) {
       auto got = get(out);
       if (got || got.error().code() != errc::no_completion) return got;

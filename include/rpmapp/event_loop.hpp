@@ -247,9 +247,7 @@ class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::
     if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
     if (out_.empty() || out_.size() > 0x7fffffffu)
       return finish(invalid(call(), "room for {} completions: give 1 to 2^31-1", out_.size()));
-    if (!conn_->config.completion_channel)
-      return finish(invalid(call(), "the connection has no completion channel "
-                                    "(ConnConfig::completion_channel is false): poll with Cq::get"));
+    if (!conn_->config.completion_channel) return finish(no_completion_channel(call()));
     if (channel() == nullptr)
       return finish(invalid(call(), "the connection has no receive completion queue of its own"));
     if (auto ok = completion_fds_nonblocking(*conn_); !ok) return finish(ok.error());
@@ -583,9 +581,7 @@ class EventLoop {
     detail::ConnectionCore* core = detail::LoopAccess::core(conn);
     if (core == nullptr) return detail::fail(detail::invalid(call, "the Conn is empty (moved from or closed)"));
     if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
-    if (!core->config.completion_channel)
-      return detail::fail(detail::invalid(call, "the connection has no completion channel "
-                                                "(ConnConfig::completion_channel is false): poll with Cq::get"));
+    if (!core->config.completion_channel) return detail::fail(detail::no_completion_channel(call));
     ibv_comp_channel* channel = which == CqKind::main ? core->comp_channel.get() : core->rcq_channel.get();
     if (channel == nullptr)
       return detail::fail(detail::invalid(call, "the connection has no receive completion channel of its own "

@@ -51,7 +51,7 @@ struct PeerState {
   /// the last of the Peer and what was made from it.
   Teardown teardown{"Peer (last reference)", LogLevel::warning};
 
-  PeerState() = default;
+  PeerState() { spare_channels.reserve(max_spare_channels); }
   PeerState(const PeerState&) = delete;
   PeerState& operator=(const PeerState&) = delete;
   ~PeerState() {
@@ -72,7 +72,7 @@ struct PeerState {
   bool keep_spare_channel(rdma_event_channel* channel) noexcept {
     std::lock_guard lock(spare_channels_mutex);
     if (spare_channels.size() >= max_spare_channels) return false;
-    spare_channels.push_back(channel);  // no allocation: reserved when the state is made
+    spare_channels.push_back(channel);  // no allocation: reserved by the constructor
     return true;
   }
 
@@ -158,7 +158,6 @@ class Peer {
     return detail::no_throw(call, [&]() -> expected<Peer> {
       auto state = std::make_shared<detail::PeerState>();
       state->teardown = {call, LogLevel::notice};  // until the Peer is made
-      state->spare_channels.reserve(detail::PeerState::max_spare_channels);
       const detail::Provider& p = detail::provider();
       // librpma's capability probes: on-demand paging (RC read and write) and native
       // atomic write.

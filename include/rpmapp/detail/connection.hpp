@@ -68,6 +68,12 @@ struct ConnectionCore {
   }
 };
 
+/// Whether `core`'s event channel comes from and goes back to its peer's spares
+/// (ConnConfig::reuse_event_channel; only through the provider that made the peer).
+inline bool reuses_channels(const ConnectionCore& core) noexcept {
+  return core.config.reuse_event_channel && core.peer && core.peer->seam == core.seam;
+}
+
 /// Releases everything `core` owns, in teardown order, reporting the first failure (the
 /// later ones are logged, see FirstError).
 inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
@@ -94,10 +100,9 @@ inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
     first.errno_call(destroyed, "rdma_destroy_id");
   }
   if (core.channel) {
-    if (!(channel_empty && core.config.reuse_event_channel && core.peer &&
-          core.peer->seam == core.seam && core.peer->keep_spare_channel(core.channel.get())))
-      p.destroy_event_channel(core.channel.get());
-    core.channel.release();
+    rdma_event_channel* channel = core.channel.release();
+    if (!channel_empty || !reuses_channels(core) || !core.peer->keep_spare_channel(channel))
+      p.destroy_event_channel(channel);
   }
   core.srq.reset();
   core.peer.reset();
@@ -148,7 +153,7 @@ inline expected<void> attach_srq(const char* call, ConnectionCore& core, const C
 /// spares with ConnConfig::reuse_event_channel, else a new non-blocking one.
 /// Errors: provider (rdma_create_event_channel, fcntl).
 inline expected<void> open_event_channel(ConnectionCore& core) noexcept {
-  if (core.config.reuse_event_channel && core.peer->seam == core.seam) {
+  if (reuses_channels(core)) {
     if (rdma_event_channel* spare = core.peer->take_spare_channel()) {
       core.channel.reset(spare);
       return {};
