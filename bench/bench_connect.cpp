@@ -13,9 +13,10 @@
 // Usage: bench_connect seq  [reps] [K]
 //        bench_connect conc [reps] [K] [C...]
 //        bench_connect serve [reps] [K] [C...]
-//        bench_connect one VARIANT K   K sequential connections with one implementation
-//                                        only, untimed (for counting its system calls):
-//                                        rpmapp, rpmapp-defaults, librpma or raw
+//        bench_connect one VARIANT K [C]  K connections with one implementation only,
+//                                        untimed (for counting its system calls):
+//                                        rpmapp, rpmapp-defaults, librpma or raw;
+//                                        sequential, or as conc with C in flight
 //        bench_connect serve-one SERVER K   K sequential raw connections to one server of
 //                                        server_names, untimed (system calls, as `one`)
 //        bench_connect serve-names       prints server_names, one a line
@@ -315,7 +316,7 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
   if (inflights.empty()) inflights = {1, 4, 16, 64};
   if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one")
-    die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K | serve-one SERVER K");
+    die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K");
   auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
   ip = anchor_ip;
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
@@ -332,7 +333,13 @@ int main(int argc, char** argv) {
     else if (v == "raw") server = std::make_unique<RawServer>(ip, raw_port);
     else die("variant", v);
     server->start();
-    for (int i = 0; i < k; ++i) {
+    const int c = argc > 4 ? std::atoi(argv[4]) : 0;
+    if (c > 0) {
+      if (v == "rpmapp" || v == "rpmapp-defaults") conc_rpmapp(peer, k, c);
+      else if (v == "librpma") conc_librpma(rpeer, k, c);
+      else conc_raw(pd, k, c);
+    }
+    for (int i = 0; c == 0 && i < k; ++i) {
       if (v == "rpmapp" || v == "rpmapp-defaults") seq_rpmapp(peer);
       else if (v == "librpma") seq_librpma(rpeer);
       else seq_raw(raw_ch, pd);

@@ -23,6 +23,7 @@
 
 #include <valgrind/callgrind.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 
 #include <optional>
@@ -37,6 +38,7 @@ using rpmapp::detail::Provider;
 
 constexpr const char* ip = "169.254.77.1";
 constexpr const char* client_port = "20000";
+constexpr unsigned short client_port_number = 20000;
 constexpr std::size_t msg = 64;  // bytes per data-path operation
 constexpr std::uint64_t op_context = 0x5eed;
 
@@ -140,6 +142,16 @@ const Provider& p() { return rpmapp::detail::provider(); }
 
 [[noreturn]] void fail(const char* what) { bench::die(what, "failed"); }
 
+/// The address of a numeric IPv4 text and port, with inet_pton (as rpmapp, no
+/// rdma_getaddrinfo: it allocates).
+sockaddr_in ipv4(const char* text, unsigned short port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (inet_pton(AF_INET, text, &a.sin_addr) != 1) fail("inet_pton");
+  return a;
+}
+
 struct Queues {
   ibv_comp_channel* cc;
   ibv_cq* cq;
@@ -202,15 +214,9 @@ struct HandSide {
   void listen() {
     lch = new_channel();
     if (p().create_id(lch, &lid, nullptr, RDMA_PS_TCP)) fail("rdma_create_id");
-    rdma_addrinfo hints{};
-    hints.ai_flags = RAI_NUMERICHOST | RAI_PASSIVE;
-    hints.ai_port_space = RDMA_PS_TCP;
-    hints.ai_qp_type = IBV_QPT_RC;
-    rdma_addrinfo* ai = nullptr;
-    if (p().getaddrinfo(ip, "0", &hints, &ai)) fail("rdma_getaddrinfo");
-    if (p().bind_addr(lid, ai->ai_src_addr)) fail("rdma_bind_addr");
+    sockaddr_in addr = ipv4(ip, 0);
+    if (p().bind_addr(lid, reinterpret_cast<sockaddr*>(&addr))) fail("rdma_bind_addr");
     if (p().listen(lid, 0)) fail("rdma_listen");
-    p().freeaddrinfo(ai);
     port = ntohs(reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(lid))->sin_port);
   }
   void shutdown() {
@@ -252,17 +258,11 @@ struct HandSide {
   }
 
   void connect_cycle() {
-    rdma_addrinfo hints{};
-    hints.ai_flags = RAI_NUMERICHOST;
-    hints.ai_port_space = RDMA_PS_TCP;
-    hints.ai_qp_type = IBV_QPT_RC;
-    rdma_addrinfo* ai = nullptr;
-    if (p().getaddrinfo(ip, client_port, &hints, &ai)) fail("rdma_getaddrinfo");
+    sockaddr_in to = ipv4(ip, client_port_number);
     rdma_event_channel* ch = new_channel();
     rdma_cm_id* id = nullptr;
     if (p().create_id(ch, &id, nullptr, RDMA_PS_TCP)) fail("rdma_create_id");
-    if (p().resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000)) fail("rdma_resolve_addr");
-    p().freeaddrinfo(ai);
+    if (p().resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&to), 1000)) fail("rdma_resolve_addr");
     rdma_cm_event* e = wait_event(ch);
     if (e->event != RDMA_CM_EVENT_ADDR_RESOLVED) fail("address");
     if (p().resolve_route(id, 1000)) fail("rdma_resolve_route");
@@ -291,16 +291,10 @@ struct HandSide {
   std::uint32_t rkey = 0;
 
   void open_data() {
-    rdma_addrinfo hints{};
-    hints.ai_flags = RAI_NUMERICHOST;
-    hints.ai_port_space = RDMA_PS_TCP;
-    hints.ai_qp_type = IBV_QPT_RC;
-    rdma_addrinfo* ai = nullptr;
-    if (p().getaddrinfo(ip, client_port, &hints, &ai)) fail("rdma_getaddrinfo");
+    sockaddr_in to = ipv4(ip, client_port_number);
     dch = new_channel();
     if (p().create_id(dch, &did, nullptr, RDMA_PS_TCP)) fail("rdma_create_id");
-    if (p().resolve_addr(did, ai->ai_src_addr, ai->ai_dst_addr, 1000)) fail("rdma_resolve_addr");
-    p().freeaddrinfo(ai);
+    if (p().resolve_addr(did, nullptr, reinterpret_cast<sockaddr*>(&to), 1000)) fail("rdma_resolve_addr");
     if (next_event(dch) != RDMA_CM_EVENT_ADDR_RESOLVED) fail("address");
     if (p().resolve_route(did, 1000)) fail("rdma_resolve_route");
     if (next_event(dch) != RDMA_CM_EVENT_ROUTE_RESOLVED) fail("route");

@@ -22,8 +22,8 @@
 namespace bench::fake {
 
 enum Call : unsigned char {
-  c_create_event_channel, c_destroy_event_channel, c_create_id, c_destroy_id, c_getaddrinfo,
-  c_freeaddrinfo, c_bind_addr, c_listen, c_resolve_addr, c_resolve_route, c_get_cm_event,
+  c_create_event_channel, c_destroy_event_channel, c_create_id, c_destroy_id, c_bind_addr,
+  c_listen, c_resolve_addr, c_resolve_route, c_get_cm_event,
   c_ack_cm_event, c_migrate_id, c_create_qp, c_destroy_qp, c_accept, c_reject, c_connect,
   c_disconnect, c_get_devices, c_free_devices, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
   c_destroy_comp_channel, c_create_cq, c_destroy_cq, c_req_notify_cq, c_fcntl, c_poll,
@@ -62,8 +62,6 @@ struct World {
   rdma_cm_event events[pool_size];
   bool event_used[pool_size];
   unsigned char private_data[56];
-  sockaddr_in src, dst;
-  rdma_addrinfo info;
   unsigned short next_port;
   rdma_cm_id* listener;  // the last id that listened
   ibv_srq srq;
@@ -184,35 +182,6 @@ inline const rpmapp::detail::Provider provider = {
       world.id_used[id - world.ids] = false;
       return 0;
     },
-    // getaddrinfo: numeric IPv4 only, which is all the benchmark uses
-    [](const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
-      note(c_getaddrinfo);
-      sockaddr_in sa{};
-      sa.sin_family = AF_INET;
-      sa.sin_port = htons(static_cast<unsigned short>(service ? std::atoi(service) : 0));
-      if (inet_pton(AF_INET, node, &sa.sin_addr) != 1) {
-        errno = EINVAL;
-        return -1;
-      }
-      rdma_addrinfo& info = world.info;
-      info = rdma_addrinfo{};
-      info.ai_flags = hints->ai_flags;
-      info.ai_family = AF_INET;
-      info.ai_port_space = RDMA_PS_TCP;
-      if (hints->ai_flags & RAI_PASSIVE) {
-        world.src = sa;
-        info.ai_src_addr = reinterpret_cast<sockaddr*>(&world.src);
-        info.ai_src_len = sizeof sa;
-      } else {
-        world.dst = sa;
-        info.ai_dst_addr = reinterpret_cast<sockaddr*>(&world.dst);
-        info.ai_dst_len = sizeof sa;
-      }
-      *res = &info;
-      return 0;
-    },
-    // freeaddrinfo
-    [](rdma_addrinfo*) { note(c_freeaddrinfo); },
     // bind_addr: a specific address binds to the fake device; port 0 gets a port
     [](rdma_cm_id* id, sockaddr* sa) {
       note(c_bind_addr);

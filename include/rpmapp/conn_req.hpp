@@ -40,7 +40,7 @@ class ConnReq {
   ///   another device than `peer`'s (or through a librdmacm context other than `peer`'s:
   ///   compared by pointer).
   /// - provider: rdma_create_event_channel, fcntl (making its fd non-blocking),
-  ///   rdma_create_id, rdma_getaddrinfo, rdma_resolve_addr, rdma_resolve_route (also an
+  ///   rdma_create_id, rdma_resolve_addr, rdma_resolve_route (also an
   ///   ADDR_ERROR / ROUTE_ERROR event, errno from its status), poll, rdma_get_cm_event,
   ///   ibv_create_comp_channel, ibv_create_cq, ibv_req_notify_cq or rdma_create_qp failed.
   /// - nomem: out of memory.
@@ -353,10 +353,13 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
                                                   std::string_view addr, std::string_view port,
                                                   const ConnConfig& config) noexcept {
   if (!peer) return detail::fail(detail::moved_from(call));
-  if (auto ok = detail::check_numeric_address(call, addr); !ok) return detail::fail(ok.error());
+  detail::SocketAddress where;
+  if (auto ok = detail::check_numeric_address(call, addr, &where); !ok)
+    return detail::fail(ok.error());
   auto number = detail::parse_port(call, port);
   if (!number) return detail::fail(number.error());
   if (*number == 0) return detail::fail(detail::invalid(call, "cannot connect to port 0"));
+  where.set_port(*number);
   if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
   return detail::no_throw(call, [&]() -> expected<PendingConnReq> {
     const detail::Provider& p = detail::provider();
@@ -366,8 +369,6 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
     core->config = config;
     core->config.srq = nullptr;  // the queue is held by core->srq from here on
     if (auto ok = detail::attach_srq(call, *core, config); !ok) return detail::fail(ok.error());
-    auto info = detail::get_addr_info(addr, port, false);
-    if (!info) return detail::fail(info.error());
     if (auto ok = detail::open_event_channel(*core); !ok) return detail::fail(ok.error());
     rdma_cm_id* id = nullptr;
     errno = 0;
@@ -375,8 +376,7 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
       return detail::fail(detail::provider_error("rdma_create_id", errno));
     core->id.reset(id);
     errno = 0;
-    if (p.resolve_addr(id, (*info)->ai_src_addr, (*info)->ai_dst_addr,
-                       static_cast<int>(config.timeout.count())) != 0)
+    if (p.resolve_addr(id, nullptr, where.get(), static_cast<int>(config.timeout.count())) != 0)
       return detail::fail(detail::provider_error("rdma_resolve_addr", errno));
     return PendingConnReq(std::move(core));
   });

@@ -49,7 +49,7 @@ class Endpoint {
   ///   not a decimal 0..65535; a negative backlog; `addr` belongs to another device than
   ///   `peer`'s.
   /// - provider: rdma_create_event_channel, fcntl (making its fd non-blocking),
-  ///   rdma_create_id, rdma_getaddrinfo, rdma_bind_addr or rdma_listen failed (errno and
+  ///   rdma_create_id, rdma_bind_addr or rdma_listen failed (errno and
   ///   call in the Error; e.g. EADDRINUSE).
   /// - nomem: out of memory.
   static expected<Endpoint> listen(const Peer& peer, std::string_view addr,

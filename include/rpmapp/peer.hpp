@@ -201,7 +201,7 @@ class Peer {
   /// - inval: `addr` is not a numeric IPv4/IPv6 address, is link-local IPv6 without its
   ///   scope ("fe80::1%eth0"), or has a scope naming no interface or on another kind of
   ///   address; no RDMA device has it.
-  /// - provider: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr, rdma_resolve_addr
+  /// - provider: rdma_create_id, rdma_bind_addr, rdma_resolve_addr
   ///   (EINTR only for a signal after the timeout), or one of open()'s calls
   ///   (rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd, ibv_reg_mr) failed (errno and
   ///   call in the Error).
@@ -210,7 +210,9 @@ class Peer {
                                      std::chrono::milliseconds timeout =
                                          std::chrono::milliseconds(1000)) noexcept {
     constexpr const char* call = "Peer::from_address";
-    if (auto ok = detail::check_numeric_address(call, addr); !ok) return detail::fail(ok.error());
+    detail::SocketAddress where;
+    if (auto ok = detail::check_numeric_address(call, addr, &where); !ok)
+      return detail::fail(ok.error());
     return detail::no_throw(call, [&]() -> expected<Peer> {
       const detail::Deadline deadline(detail::Wait::bounded(timeout));
       for (int attempt = 0;; ++attempt) {
@@ -221,14 +223,12 @@ class Peer {
         // Destroyed on the way out: a failure there is logged (notice when this call fails).
         detail::CmId id(raw, detail::CmIdDeleter{false, detail::current_provider,
                                                  {call, LogLevel::notice}});
-        auto info = detail::get_addr_info(addr, {}, kind == AddressKind::local);
-        if (!info) return detail::fail(info.error());
         errno = 0;
         if (kind == AddressKind::local) {
-          if (detail::provider().bind_addr(id.get(), (*info)->ai_src_addr) != 0)
+          if (detail::provider().bind_addr(id.get(), where.get()) != 0)
             return detail::fail(detail::provider_error("rdma_bind_addr", errno));
         } else if (detail::provider().resolve_addr(
-                       id.get(), nullptr, (*info)->ai_dst_addr,
+                       id.get(), nullptr, where.get(),
                        attempt == 0 ? detail::Wait::bounded(timeout).ms : deadline.poll_timeout()) != 0) {
           // Without an event channel librdmacm waits for the resolution in a blocking
           // read, which a signal caught without SA_RESTART ends with EINTR: start again

@@ -1,8 +1,8 @@
 // Address and port strings: detail::parse_port, check_numeric_address, canonical_address
 // and is_wildcard against an independent model (inet_pton on the text as a C string,
 // if_nametoindex/if_indextoname for a scope), then the same strings through
-// Endpoint::listen, ConnReq::to and Peer::from_address on the fake provider (whose
-// rdma_getaddrinfo parses as getaddrinfo(AI_NUMERICHOST) does).
+// Endpoint::listen, ConnReq::to and Peer::from_address on the fake provider. The socket
+// address check_numeric_address builds is compared with getaddrinfo(AI_NUMERICHOST)'s.
 // Input: flags byte (bit 0: listen, bit 1: connect, bit 2: Peer::from_address, bit 3:
 // remote), then a length-prefixed address and a length-prefixed port.
 #include "fuzz_fake.hpp"
@@ -12,8 +12,10 @@
 
 #include <arpa/inet.h>
 #include <net/if.h>
+#include <netdb.h>
 
 #include <climits>
+#include <cstring>
 #include <string>
 
 using namespace rpmapp;
@@ -33,7 +35,7 @@ std::optional<unsigned> model_port(std::string_view port) {
   return value;
 }
 
-/// The text is one C string (no NUL inside: what rdma_getaddrinfo would see is all of it).
+/// The text is one C string (no NUL inside: what getaddrinfo would see is all of it).
 bool c_string(std::string_view s) { return s.find('\0') == std::string_view::npos; }
 
 bool scope_names_interface(std::string_view scope) {
@@ -68,10 +70,24 @@ void pure(std::string_view addr, std::string_view port) {
   if (number) FUZZ_CHECK(*number == *want);
   else fuzz::check_inval(number.error(), "fuzz");
 
-  auto checked = detail::check_numeric_address("fuzz", addr);
+  detail::SocketAddress built;
+  auto checked = detail::check_numeric_address("fuzz", addr, &built);
   const bool accepted = model_address(addr);
   FUZZ_CHECK_MSG(checked.has_value() == accepted, std::string(addr));
   if (!checked) fuzz::check_inval(checked.error(), "fuzz");
+  if (checked) {  // the address getaddrinfo makes of the text, as rdma_getaddrinfo would
+    addrinfo hints{};
+    hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* theirs = nullptr;
+    const std::string text(addr);
+    FUZZ_CHECK_MSG(getaddrinfo(text.c_str(), nullptr, &hints, &theirs) == 0, text);
+    const std::size_t size =
+        built.any.sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    FUZZ_CHECK_MSG(theirs->ai_addrlen == size && std::memcmp(built.get(), theirs->ai_addr, size) == 0,
+                   text);
+    freeaddrinfo(theirs);
+  }
 
   const std::string canonical = detail::canonical_address(addr);
   if (accepted) {

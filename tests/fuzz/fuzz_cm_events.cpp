@@ -27,7 +27,7 @@ namespace {
 constexpr std::size_t slots = 4;
 
 constexpr const char* failable[] = {
-    "rdma_create_event_channel", "fcntl", "rdma_create_id", "rdma_getaddrinfo", "rdma_bind_addr",
+    "rdma_create_event_channel", "fcntl", "rdma_create_id", "rdma_bind_addr",
     "rdma_listen", "rdma_get_cm_event", "rdma_ack_cm_event", "poll", "ibv_create_comp_channel",
     "ibv_create_cq", "ibv_req_notify_cq", "rdma_create_qp", "rdma_migrate_id", "rdma_accept",
     "rdma_reject", "rdma_connect", "rdma_disconnect", "rdma_destroy_id", "ibv_destroy_cq",

@@ -153,8 +153,7 @@ TEST_CASE("reuse_event_channel: without it, or when rdma_destroy_id fails, the c
 TEST_CASE("reuse_event_channel: each provider call of a request on a spare fails in turn",
           "[conn_req][reuse][fail-each]") {
   const std::vector<std::string> calls = {
-      "rdma_getaddrinfo", "rdma_create_id",   "rdma_resolve_addr",       "rdma_freeaddrinfo",
-      "poll",             "rdma_get_cm_event", "rdma_resolve_route",     "rdma_ack_cm_event",
+      "rdma_create_id",   "rdma_resolve_addr",       "poll",             "rdma_get_cm_event", "rdma_resolve_route",     "rdma_ack_cm_event",
       "poll",             "rdma_get_cm_event", "ibv_create_comp_channel", "ibv_create_cq",
       "ibv_req_notify_cq", "rdma_create_qp",  "rdma_ack_cm_event"};
   fail_each_call(calls, kErr, [&](fake::FakeProvider& fake, Probe& probe) {
@@ -174,8 +173,8 @@ TEST_CASE("reuse_event_channel: each provider call of a first request fails in t
           "finished channel is kept",
           "[conn_req][reuse][fail-each]") {
   const std::vector<std::string> calls = {
-      "rdma_getaddrinfo",  "rdma_create_event_channel", "fcntl",
-      "rdma_create_id",    "rdma_resolve_addr",         "rdma_freeaddrinfo", "poll",
+      "rdma_create_event_channel", "fcntl",
+      "rdma_create_id",    "rdma_resolve_addr",         "poll",
       "rdma_get_cm_event", "rdma_resolve_route",        "rdma_ack_cm_event", "poll",
       "rdma_get_cm_event", "ibv_create_comp_channel",   "ibv_create_cq",     "ibv_req_notify_cq",
       "rdma_create_qp",    "rdma_ack_cm_event"};
@@ -188,7 +187,7 @@ TEST_CASE("reuse_event_channel: each provider call of a first request fails in t
     // A channel that failed to become non-blocking is closed: kept, a later request's
     // read would block (the fake reports that as a hang).
     const std::string& call = probe.injected()->call;
-    const bool made = call != "rdma_getaddrinfo" && call != "rdma_create_event_channel" && call != "fcntl";
+    const bool made = call != "rdma_create_event_channel" && call != "fcntl";
     CHECK(fake.alive("event_channel") == (made ? 1 : 0));
     CHECK(fake.alive("cm_id") == 0);
     auto again = ConnReq::to(peer, "169.254.77.9", "7471", reusing());

@@ -26,8 +26,8 @@ constexpr std::string_view reason = "ConnConfig::completion_channel is false";
 /// ConnReq::to's calls without a completion channel: the CQs are created and not armed.
 std::vector<std::string> to_calls(bool rcq) {
   std::vector<std::string> calls = {
-      "rdma_getaddrinfo",  "rdma_create_event_channel", "fcntl",
-      "rdma_create_id",    "rdma_resolve_addr",         "rdma_freeaddrinfo", "poll",
+      "rdma_create_event_channel", "fcntl",
+      "rdma_create_id",    "rdma_resolve_addr",         "poll",
       "rdma_get_cm_event", "rdma_resolve_route",        "rdma_ack_cm_event", "poll",
       "rdma_get_cm_event", "ibv_create_cq"};
   if (rcq) calls.push_back("ibv_create_cq");

@@ -113,7 +113,7 @@ std::string Sent::text() const {
 }
 
 bool cannot_fail(std::string_view call) {
-  return call == "rdma_destroy_event_channel" || call == "rdma_freeaddrinfo" ||
+  return call == "rdma_destroy_event_channel" ||
          call == "rdma_destroy_qp" || call == "rdma_free_devices" || call == "ibv_ack_cq_events";
 }
 
@@ -217,45 +217,6 @@ struct FakeProvider::Impl {
     f().destroyed("cm_id");
     delete id;
     return failed ? -1 : 0;
-  }
-
-  static int getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
-                         rdma_addrinfo** out) {
-    auto lock = f().lock();
-    if (fails("rdma_getaddrinfo")) return -1;
-    if (int code = std::exchange(f().getaddrinfo_eai, 0); code != 0) return code;
-    sockaddr_storage addr{};
-    std::string text = node ? node : "";
-    int port = service ? std::atoi(service) : 0;
-    if (!set_sockaddr(addr, text, static_cast<std::uint16_t>(port)))
-      return EAI_NONAME;  // getaddrinfo with AI_NUMERICHOST; errno is not set
-    auto* ai = new rdma_addrinfo{};
-    auto* sa = reinterpret_cast<sockaddr*>(new sockaddr_storage(addr));
-    ai->ai_family = addr.ss_family;
-    ai->ai_qp_type = IBV_QPT_RC;
-    ai->ai_port_space = RDMA_PS_TCP;
-    if (hints && (hints->ai_flags & RAI_PASSIVE)) {
-      ai->ai_flags = RAI_PASSIVE;
-      ai->ai_src_addr = sa;
-      ai->ai_src_len = static_cast<socklen_t>(sockaddr_len(sa));
-    } else {
-      ai->ai_dst_addr = sa;
-      ai->ai_dst_len = static_cast<socklen_t>(sockaddr_len(sa));
-    }
-    f().addrinfos_.insert(ai);
-    f().created("addrinfo");
-    *out = ai;
-    return 0;
-  }
-
-  static void freeaddrinfo(rdma_addrinfo* ai) {
-    auto lock = f().lock();
-    f().calls_.emplace_back("rdma_freeaddrinfo");
-    if (!f().addrinfos_.erase(ai)) return f().note("rdma_freeaddrinfo: addrinfo not alive");
-    delete reinterpret_cast<sockaddr_storage*>(ai->ai_src_addr);
-    delete reinterpret_cast<sockaddr_storage*>(ai->ai_dst_addr);
-    delete ai;
-    f().destroyed("addrinfo");
   }
 
   static bool id_ok(rdma_cm_id* id, const char* call) {
@@ -1566,8 +1527,6 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::destroy_event_channel>::call,
     Sentinel<&FakeProvider::Impl::create_id>::call,
     Sentinel<&FakeProvider::Impl::destroy_id>::call,
-    Sentinel<&FakeProvider::Impl::getaddrinfo>::call,
-    Sentinel<&FakeProvider::Impl::freeaddrinfo>::call,
     Sentinel<&FakeProvider::Impl::bind_addr>::call,
     Sentinel<&FakeProvider::Impl::listen>::call,
     Sentinel<&FakeProvider::Impl::resolve_addr>::call,
@@ -1649,11 +1608,6 @@ FakeProvider::~FakeProvider() {
   for (auto& [x, info] : srqs_) delete x;
   for (auto* x : pds_) delete x;
   for (auto* x : device_lists_) delete[] x;
-  for (auto* ai : addrinfos_) {
-    delete reinterpret_cast<sockaddr_storage*>(ai->ai_src_addr);
-    delete reinterpret_cast<sockaddr_storage*>(ai->ai_dst_addr);
-    delete ai;
-  }
   ::close(probe_epoll_);
   g_current = nullptr;
 }

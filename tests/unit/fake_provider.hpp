@@ -232,9 +232,6 @@ class FakeProvider {
   rdma_cm_event_type route_event = RDMA_CM_EVENT_ROUTE_RESOLVED;
   int route_status = 0;
 
-  /// When not 0, the next rdma_getaddrinfo returns this getaddrinfo EAI_* code (errno
-  /// untouched), as librdmacm passes getaddrinfo's result through.
-  int getaddrinfo_eai = 0;
 
   // ---- the data path
   /// What ibv_query_device_ex reports for `device` (default: no ODP, no atomic write, IB).
@@ -305,7 +302,7 @@ class FakeProvider {
 
   // ---- accounting
   /// Live resources of `kind`: "event_channel", "cm_id", "qp", "cq", "comp_channel", "pd",
-  /// "addrinfo", "unacked_event", "device_list", "mr", "srq", "unacked_cq_event", "epoll",
+  /// "unacked_event", "device_list", "mr", "srq", "unacked_cq_event", "epoll",
   /// "eventfd".
   long alive(const std::string& kind) const;
   /// Everything still alive and every recorded misuse, one per line; "" when clean.
@@ -444,7 +441,6 @@ class FakeProvider {
   unsigned long acked_cq_events_ = 0;
   std::uint32_t next_key_ = 0x1000;
   std::set<ibv_pd*> pds_;
-  std::set<rdma_addrinfo*> addrinfos_;
   std::vector<std::pair<rdma_event_channel*, rdma_cm_event*>> held_;
   std::size_t taken_after_poll_ = 0;
   struct Watch {  // an epoll registration

@@ -63,26 +63,21 @@ TEST_CASE("fake: injected failures follow each call's convention", "[fake]") {
 TEST_CASE("fake: binding sets the device for a specific address, none for a wildcard",
           "[fake]") {
   fake::FakeProvider fake;
-  rdma_addrinfo hints{};
-  hints.ai_flags = RAI_PASSIVE;
-  rdma_addrinfo* specific = nullptr;
-  rdma_addrinfo* wildcard = nullptr;
-  REQUIRE(provider().getaddrinfo("169.254.78.1", "0", &hints, &specific) == 0);
-  REQUIRE(provider().getaddrinfo("0.0.0.0", "0", &hints, &wildcard) == 0);
+  rpmapp::detail::SocketAddress specific, wildcard;
+  REQUIRE(rpmapp::detail::check_numeric_address("test", "169.254.78.1", &specific));
+  REQUIRE(rpmapp::detail::check_numeric_address("test", "0.0.0.0", &wildcard));
   rdma_cm_id* one = nullptr;
   rdma_cm_id* all = nullptr;
   REQUIRE(provider().create_id(nullptr, &one, nullptr, RDMA_PS_TCP) == 0);
   REQUIRE(provider().create_id(nullptr, &all, nullptr, RDMA_PS_TCP) == 0);
-  REQUIRE(provider().bind_addr(one, specific->ai_src_addr) == 0);
-  REQUIRE(provider().bind_addr(all, wildcard->ai_src_addr) == 0);
+  REQUIRE(provider().bind_addr(one, specific.get()) == 0);
+  REQUIRE(provider().bind_addr(all, wildcard.get()) == 0);
   CHECK(one->verbs == fake.context(1));
   CHECK(std::string(one->verbs->device->name) == "fake1");
   CHECK(all->verbs == nullptr);
   CHECK(rpmapp::detail::port_of(rdma_get_local_addr(one)) != 0);  // port 0 assigned
   CHECK(rpmapp::detail::port_of(rdma_get_local_addr(one)) !=
         rpmapp::detail::port_of(rdma_get_local_addr(all)));
-  provider().freeaddrinfo(specific);
-  provider().freeaddrinfo(wildcard);
   CHECK(provider().destroy_id(one) == 0);
   CHECK(provider().destroy_id(all) == 0);
   fake.expect_clean();

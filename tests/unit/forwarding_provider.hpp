@@ -44,7 +44,6 @@ template <class Hook> class ForwardingProvider {
   static constexpr P table = {
       &Forward<&P::create_event_channel>::call, &Forward<&P::destroy_event_channel>::call,
       &Forward<&P::create_id>::call,            &Forward<&P::destroy_id>::call,
-      &Forward<&P::getaddrinfo>::call,          &Forward<&P::freeaddrinfo>::call,
       &Forward<&P::bind_addr>::call,            &Forward<&P::listen>::call,
       &Forward<&P::resolve_addr>::call,         &Forward<&P::resolve_route>::call,
       &Forward<&P::get_cm_event>::call,         &Forward<&P::ack_cm_event>::call,

@@ -1,4 +1,5 @@
-// Validating addresses and ports, and asking rdma_getaddrinfo for them.
+// Validating addresses and ports, and building the socket addresses rdma_cm binds and
+// resolves.
 #pragma once
 
 #include <rpmapp/detail/errors.hpp>
@@ -7,7 +8,6 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <netdb.h>
 #include <netinet/in.h>
 
 #include <bit>
@@ -77,7 +77,7 @@ inline bool parse_ipv4(std::string_view host, in_addr* out) noexcept {
 }
 
 /// inet_pton of `host` for `family` into `out` (an in_addr or in6_addr). A NUL inside
-/// `host` is refused: inet_pton (and rdma_getaddrinfo) would stop there and take the
+/// `host` is refused: inet_pton (and getaddrinfo) would stop there and take the
 /// prefix ("1.2.3.4\0junk" as 1.2.3.4).
 inline bool parse_host(int family, std::string_view host, void* out) noexcept {
   if (family == AF_INET) return parse_ipv4(host, static_cast<in_addr*>(out));
@@ -90,7 +90,7 @@ inline bool parse_host(int family, std::string_view host, void* out) noexcept {
 }
 
 /// The interface index a scope names: a decimal index or an interface name; 0 when no
-/// interface has it (getaddrinfo, and so rdma_getaddrinfo, accepts both forms).
+/// interface has it (getaddrinfo accepts both forms).
 inline unsigned scope_index(std::string_view scope) noexcept {
   char text[IF_NAMESIZE + 1];
   if (scope.empty() || scope.size() >= sizeof text || scope.find('\0') != std::string_view::npos)
@@ -109,11 +109,40 @@ inline unsigned scope_index(std::string_view scope) noexcept {
   return if_nametoindex(text);
 }
 
+/// A socket address for rdma_bind_addr and rdma_resolve_addr, built from a checked numeric
+/// address as getaddrinfo(AI_NUMERICHOST) builds it (family, address, port, scope id).
+/// rpmapp builds it itself rather than asking rdma_getaddrinfo: that call runs
+/// getaddrinfo(3), allocates three times and, for a destination, asks ibacm (where it runs)
+/// for an InfiniBand route, which rdma_resolve_route finds anyway.
+struct SocketAddress {
+  union {
+    sockaddr any;
+    sockaddr_in v4;
+    sockaddr_in6 v6;
+  };
+  SocketAddress() noexcept : v6{} {}
+  sockaddr* get() noexcept { return &any; }
+  void set_port(std::uint16_t port) noexcept {
+    if (any.sa_family == AF_INET) v4.sin_port = htons(port);
+    else v6.sin6_port = htons(port);
+  }
+  /// 0.0.0.0 (the IPv4 wildcard) and `port`.
+  static SocketAddress ipv4_any(std::uint16_t port) noexcept {
+    SocketAddress a;
+    a.v4 = {};
+    a.v4.sin_family = AF_INET;
+    a.v4.sin_port = htons(port);
+    return a;
+  }
+};
+
 /// A numeric IPv4 or IPv6 address (no name resolution, which could block for long). An
 /// IPv6 link-local address needs a scope, "fe80::1%eth0" or "fe80::1%3", naming an
 /// existing interface: rdma_cm refuses a link-local bind without one (EINVAL) and cannot
 /// route to one; a scope on any other address is refused (the kernel would ignore it).
-inline expected<void> check_numeric_address(const char* call, std::string_view addr) noexcept {
+/// When `out` is given, it gets the address with port 0 (only on success).
+inline expected<void> check_numeric_address(const char* call, std::string_view addr,
+                                            SocketAddress* out = nullptr) noexcept {
   const ScopedText parts = split_scope(addr);
   in6_addr v6{};
   in_addr v4{};
@@ -121,22 +150,34 @@ inline expected<void> check_numeric_address(const char* call, std::string_view a
     if (parts.has_scope)
       return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only",
                           addr));
+    if (out != nullptr) {
+      *out = SocketAddress::ipv4_any(0);
+      out->v4.sin_addr = v4;
+    }
     return {};
   }
   if (!parse_host(AF_INET6, parts.host, &v6))
     return fail(invalid(call, "address \"{}\" is not a numeric IPv4 or IPv6 address", addr));
   const bool link_local = IN6_IS_ADDR_LINKLOCAL(&v6);
+  unsigned scope = 0;
   if (!parts.has_scope) {
     if (link_local)
       return fail(invalid(call, "link-local address \"{}\" needs a scope: \"{}%<interface>\"",
                           addr, addr));
-    return {};
+  } else {
+    if (!link_local)
+      return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only",
+                          addr));
+    scope = scope_index(parts.scope);
+    if (scope == 0)
+      return fail(invalid(call, "address \"{}\": no network interface \"{}\"", addr, parts.scope));
   }
-  if (!link_local)
-    return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only",
-                        addr));
-  if (scope_index(parts.scope) == 0)
-    return fail(invalid(call, "address \"{}\": no network interface \"{}\"", addr, parts.scope));
+  if (out != nullptr) {
+    *out = SocketAddress();
+    out->v6.sin6_family = AF_INET6;
+    out->v6.sin6_addr = v6;
+    out->v6.sin6_scope_id = scope;
+  }
   return {};
 }
 
@@ -149,7 +190,7 @@ inline std::string scope_text(unsigned index) {
 
 /// The canonical text of a numeric address ("::0" -> "::", "FE80::0001%3" ->
 /// "fe80::1%eth0": the scope as the interface's name when it has one); "" when it is not
-/// numeric. Equals address_of() of the address rdma_getaddrinfo makes of `addr`.
+/// numeric. Equals address_of() of the address check_numeric_address makes of `addr`.
 inline std::string canonical_address(std::string_view addr) {
   const ScopedText parts = split_scope(addr);
   in6_addr storage{};
@@ -180,81 +221,6 @@ inline bool is_wildcard(std::string_view addr) noexcept {
   in6_addr v6{};
   if (addr.find('%') != std::string_view::npos) return false;
   return parse_host(AF_INET6, addr, &v6) && IN6_IS_ADDR_UNSPECIFIED(&v6);
-}
-
-/// The name of a getaddrinfo EAI_* code ("EAI_NONAME"), or "" for an unknown one.
-inline std::string_view eai_name(int code) noexcept {
-  switch (code) {
-    case EAI_BADFLAGS: return "EAI_BADFLAGS";
-    case EAI_NONAME: return "EAI_NONAME";
-    case EAI_AGAIN: return "EAI_AGAIN";
-    case EAI_FAIL: return "EAI_FAIL";
-    case EAI_FAMILY: return "EAI_FAMILY";
-    case EAI_SOCKTYPE: return "EAI_SOCKTYPE";
-    case EAI_SERVICE: return "EAI_SERVICE";
-    case EAI_MEMORY: return "EAI_MEMORY";
-    case EAI_SYSTEM: return "EAI_SYSTEM";
-    case EAI_OVERFLOW: return "EAI_OVERFLOW";
-#ifdef EAI_NODATA
-    case EAI_NODATA: return "EAI_NODATA";
-#endif
-#ifdef EAI_ADDRFAMILY
-    case EAI_ADDRFAMILY: return "EAI_ADDRFAMILY";
-#endif
-  }
-  return "";
-}
-
-/// The Error of a failed rdma_getaddrinfo. It fails in two ways (librdmacm/addrinfo.c):
-/// -1 with errno set (its own checks, ucma_init, allocation), or getaddrinfo's EAI_* code,
-/// which sets no errno (but EAI_SYSTEM, whose cause is in errno). `errno_after` is errno
-/// read right after the call, which was made with errno cleared. EAI_BADFLAGS is also -1:
-/// told apart by the untouched errno.
-inline Error addrinfo_error(int rc, int errno_after, std::string_view node,
-                            std::string_view service) noexcept {
-  constexpr const char* call = "rdma_getaddrinfo";
-  if ((rc == -1 && errno_after != 0) || (rc == EAI_SYSTEM && errno_after != 0))
-    return make_error(errno_after == ENOMEM ? errc::nomem : errc::provider, errno_after, call,
-                      "cannot resolve {}:{}", node, service);
-  if (rc == EAI_MEMORY)
-    return make_error(errc::nomem, ENOMEM, call, "cannot resolve {}:{}: EAI_MEMORY ({})", node,
-                      service, gai_strerror(rc));
-  const std::string_view name = eai_name(rc);
-  return make_error(errc::provider, 0, call, "cannot resolve {}:{}: {} ({}, code {})", node,
-                    service, name.empty() ? "unknown EAI code" : name, gai_strerror(rc), rc);
-}
-
-/// A NUL-terminated copy of a checked address or port, on the stack (no allocation).
-struct AddressText {
-  char text[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];  // "<IPv6>%<interface or index>"
-  bool fits;
-  explicit AddressText(std::string_view from) noexcept : fits(from.size() < sizeof text) {
-    const std::size_t n = fits ? from.size() : 0;
-    from.copy(text, n);
-    text[n] = '\0';
-  }
-};
-
-/// rdma_getaddrinfo for a numeric address and port (RDMA_PS_TCP); an empty `service` is
-/// none. `passive` binds. The texts were checked by the caller (check_numeric_address,
-/// parse_port). Errors: provider (errno, or the EAI_* code named in the reason with errno
-/// 0); nomem (ENOMEM or EAI_MEMORY); inval (a text longer than any numeric address).
-inline expected<AddrInfo> get_addr_info(std::string_view node, std::string_view service,
-                                        bool passive) noexcept {
-  const AddressText node_text(node), service_text(service);
-  if (!node_text.fits || !service_text.fits)
-    return fail(make_error(errc::inval, 0, "rdma_getaddrinfo", "{}:{} is too long for a numeric address",
-                           node, service));
-  rdma_addrinfo hints{};
-  hints.ai_flags = RAI_NUMERICHOST | (passive ? RAI_PASSIVE : 0);
-  hints.ai_port_space = RDMA_PS_TCP;
-  hints.ai_qp_type = IBV_QPT_RC;
-  rdma_addrinfo* info = nullptr;
-  errno = 0;
-  int rc = provider().getaddrinfo(node_text.text, service.empty() ? nullptr : service_text.text,
-                                  &hints, &info);
-  if (rc != 0) return fail(addrinfo_error(rc, errno, node, service));
-  return AddrInfo(info);
 }
 
 inline std::uint16_t port_of(const sockaddr* sa) noexcept {

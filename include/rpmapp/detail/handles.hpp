@@ -118,11 +118,6 @@ struct CmEventAcker : CapturedProvider {
 };
 using CmEvent = std::unique_ptr<rdma_cm_event, CmEventAcker>;
 
-struct AddrInfoDeleter : CapturedProvider {
-  void operator()(rdma_addrinfo* ai) const noexcept { provider().freeaddrinfo(ai); }
-};
-using AddrInfo = std::unique_ptr<rdma_addrinfo, AddrInfoDeleter>;
-
 struct PdDeleter : CapturedProvider {
   void operator()(ibv_pd* pd) const noexcept {
     log_value_release(by, provider().dealloc_pd(pd), "ibv_dealloc_pd");

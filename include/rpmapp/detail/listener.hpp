@@ -153,9 +153,10 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   }
   auto number = parse_port(call, port);
   if (!number) return fail(number.error());
-  const bool wildcard = is_wildcard(addr);
-  if (!wildcard)
-    if (auto ok = check_numeric_address(call, addr); !ok) return fail(ok.error());
+  SocketAddress where;
+  if (auto ok = check_numeric_address(call, listen_node(addr), &where); !ok)
+    return fail(ok.error());
+  where.set_port(*number);
   if (options.backlog < 0) return fail(invalid(call, "backlog {} is negative", options.backlog));
 
   const Provider& p = provider();
@@ -174,15 +175,12 @@ inline expected<std::shared_ptr<ListenerState>> start_listening(
   // dual-stack unless net.ipv6.bindv6only is 1. Linux binds it even with IPv6 disabled;
   // should a stack refuse the family (EAFNOSUPPORT), "" binds the IPv4 wildcard instead
   // (a failed bind leaves the id unbound).
-  auto info = get_addr_info(listen_node(addr), port, true);
-  if (!info) return fail(info.error());
   errno = 0;
-  int bound = p.bind_addr(id, (*info)->ai_src_addr);
+  int bound = p.bind_addr(id, where.get());
   if (bound != 0 && addr.empty() && errno == EAFNOSUPPORT) {
-    info = get_addr_info("0.0.0.0", port, true);
-    if (!info) return fail(info.error());
+    where = SocketAddress::ipv4_any(*number);
     errno = 0;
-    bound = p.bind_addr(id, (*info)->ai_src_addr);
+    bound = p.bind_addr(id, where.get());
   }
   if (bound != 0) return fail(provider_error("rdma_bind_addr", errno));
   if (id->verbs != nullptr) {  // a specific address: one device, which must have a Peer

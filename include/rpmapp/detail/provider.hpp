@@ -22,8 +22,6 @@ struct Provider {
   void (*destroy_event_channel)(rdma_event_channel*);
   int (*create_id)(rdma_event_channel*, rdma_cm_id**, void*, rdma_port_space);
   int (*destroy_id)(rdma_cm_id*);
-  int (*getaddrinfo)(const char*, const char*, const rdma_addrinfo*, rdma_addrinfo**);
-  void (*freeaddrinfo)(rdma_addrinfo*);
   int (*bind_addr)(rdma_cm_id*, sockaddr*);
   int (*listen)(rdma_cm_id*, int backlog);
   int (*resolve_addr)(rdma_cm_id*, sockaddr* src, sockaddr* dst, int timeout_ms);
@@ -87,8 +85,6 @@ inline const Provider system_provider = {
     rdma_destroy_event_channel,
     rdma_create_id,
     rdma_destroy_id,
-    rdma_getaddrinfo,
-    rdma_freeaddrinfo,
     rdma_bind_addr,
     rdma_listen,
     rdma_resolve_addr,
