@@ -3,6 +3,9 @@
 
 R lines: R, bench, param, metric, variant, rep, value (one repetition of one variant).
 M lines: M, key, value (machine and run facts).
+S lines: S, variant, system call, calls per connection (strace -c).
+P lines: P, op, variant, Ir per operation, function (callgrind, row 4's profile).
+T lines: T, translation unit, g++ phase, CPU seconds, GGC MB (-ftime-report, row 5).
 Ratios are paired: rpmapp's value in repetition i over the anchor's value in the same
 repetition i (the variants ran back to back), then the median and the range of those.
 
@@ -13,6 +16,7 @@ to the page (docs/performance.png), or into --picture.
 """
 import argparse
 import os
+import re
 import statistics
 import sys
 from collections import OrderedDict
@@ -57,12 +61,18 @@ def target(bench, param, metric, anchor):
 
 def read(files):
     groups, meta, syscalls = OrderedDict(), OrderedDict(), {}
+    read.profile = OrderedDict()  # (op, variant) -> [(Ir per op, function)]
+    read.phases = OrderedDict()  # phase -> {translation unit: (seconds, MB)}
     for name in files:
         with open(name) as f:
             for line in f:
                 parts = line.rstrip("\n").split("\t")
                 if parts[0] == "M" and len(parts) == 3:
                     meta[parts[1]] = parts[2]
+                elif parts[0] == "P" and len(parts) == 5:
+                    read.profile.setdefault((parts[1], parts[2]), []).append((int(parts[3]), parts[4]))
+                elif parts[0] == "T" and len(parts) == 5:
+                    read.phases.setdefault(parts[2], {})[parts[1]] = (float(parts[3]), float(parts[4]))
                 elif parts[0] == "S" and len(parts) == 4:
                     syscalls.setdefault(parts[2], {})[parts[1]] = float(parts[3])
                 elif parts[0] == "R" and len(parts) == 7:
@@ -414,6 +424,138 @@ def listen_calls_table(groups):
     return "\n".join(lines)
 
 
+# Row 4's profile: where each operation's instructions go, by kind of work.
+PROFILE_KINDS = (
+    ("fake provider", "the fake's own code (the same calls in both: `bench_instr check`)"),
+    ("allocation", "malloc, free, new, delete"),
+    ("shared_ptr", "reference counts (std::shared_ptr's control block)"),
+    ("locks", "pthread mutexes"),
+    ("clock", "std::chrono::steady_clock::now"),
+    ("libc", "other libc calls (errno, memcpy, memchr, strlen, inet_pton)"),
+    ("own code", "the library's or the hand-written code itself, with the std code and the "
+                 "benchmark loop inlined into it"),
+)
+
+
+def profile_kind(function):
+    if function.startswith("bench::fake::"):
+        return "fake provider"
+    if re.search(r"\b(malloc|free|_int_free|_int_malloc|operator new|operator delete|cfree)\b", function):
+        return "allocation"
+    if "_Sp_counted" in function:
+        return "shared_ptr"
+    if "pthread_mutex" in function:
+        return "locks"
+    if "steady_clock" in function or "clock_gettime" in function:
+        return "clock"
+    if "::" not in function and "(" not in function:
+        return "libc"
+    return "own code"
+
+
+def short_function(function):
+    """callgrind's demangled name without namespaces, template arguments and parameters."""
+    f = function.replace("rpmapp::v0_tl::", "").replace("(anonymous namespace)::", "")
+    f = re.sub(r"^decltype \(\{parm#2\}\(\)\) ", "", f)
+    inner = re.match(r"detail::no_throw<(.*?)\(", f)
+    if inner:
+        return f"no_throw wrapper of {inner.group(1)}"
+    f = re.sub(r"::\{lambda\([^)]*\)#\d+\}::operator\(\)\(\) const", ": its lambda", f)
+    out, depth = [], 0
+    for c in f:
+        if c in "(<":
+            depth += 1
+        elif c in ")>":
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+    f = "".join(out).replace(" [clone .isra.0]", "").replace(" const", "").strip()
+    return f
+
+
+def profile_tables(profile, ops=("listen", "accept", "connect"), top=12):
+    """Row 4's instructions by kind of work (rpmapp / hand-written), and rpmapp's
+    costliest functions by their own instructions, per operation."""
+    if not any((op, "rpmapp") in profile for op in ops):
+        return ""
+    kinds = [k for k, _ in PROFILE_KINDS]
+    lines = ["| kind of work | " + " | ".join(f"{op} (rpmapp / hand)" for op in ops) + " |",
+             "|---" * (len(ops) + 1) + "|"]
+    sums = {}
+    for op in ops:
+        for v in ("rpmapp", "hand"):
+            total = {k: 0 for k in kinds}
+            for ir, fn in profile.get((op, v), []):
+                total[profile_kind(fn)] += ir
+            sums[(op, v)] = total
+    for k, what in PROFILE_KINDS:
+        lines.append(f"| {k}: {what} | " + " | ".join(
+            f"{sums[(op, 'rpmapp')][k]:,} / {sums[(op, 'hand')][k]:,}" for op in ops) + " |")
+    lines.append("| **all** | " + " | ".join(
+        f"**{sum(sums[(op, 'rpmapp')].values()):,} / {sum(sums[(op, 'hand')].values()):,}**"
+        for op in ops) + " |")
+    out = "\n".join(lines)
+    for op in ops:
+        rows = [(ir, fn) for ir, fn in profile.get((op, "rpmapp"), [])
+                if profile_kind(fn) == "own code"]
+        rows.sort(key=lambda r: -r[0])
+        merged = OrderedDict()
+        for ir, fn in rows:
+            name = short_function(fn)
+            merged[name] = merged.get(name, 0) + ir
+        listed = sorted(merged.items(), key=lambda kv: -kv[1])[:top]
+        out += (f"\n\n{op}: rpmapp's own code, the {len(listed)} functions with the most instructions "
+                "of their own (inlined callees included), Ir per operation\n\n"
+                "| function | Ir/op |\n|---|---|\n"
+                + "\n".join(f"| `{name}` | {ir:,} |" for name, ir in listed))
+    return out
+
+
+PROFILE_LEGEND = """Where row 4's instructions go: `callgrind_annotate --inclusive=no` of each
+operation (rpmapp's and the hand-written sequence's), every function's own instructions per
+operation, summed by kind of work. The fake provider's share is the same in both (the same
+calls); what rpmapp adds is in the other rows. The function lists name rpmapp's code as
+callgrind sees it after inlining: a function's count includes what the compiler inlined
+into it. `RpmappSide::*_cycle` is the benchmark's loop with rpmapp's inline API calls
+(`Conn::next_event`, `disconnect`, ...) inlined into it."""
+
+
+def phase_table(phases, tus=("rpmapp_include", "rpmapp_tu", "deps_include")):
+    """Row 5 by g++ phase: each phase's share of a translation unit's user CPU time, and
+    its garbage-collected memory."""
+    if "TOTAL" not in phases:
+        return ""
+    names = {"parsing": "parsing (declarations, class templates, inline function bodies)",
+             "lang. deferred": "lang. deferred (function templates and inline functions used)",
+             "opt and generate": "opt and generate (optimisation and code of what is emitted)"}
+    order = [p for p in names if p in phases]
+    order += [p for p in phases if p not in names and p not in ("setup", "TOTAL")]
+    total = phases["TOTAL"]
+    lines = ["| g++ phase | " + " | ".join(f"{tu}.cpp: share of time, MB" for tu in tus) + " |",
+             "|---" * (len(tus) + 1) + "|"]
+
+    def cell(phase, tu):
+        if tu not in phases[phase] or tu not in total or total[tu][0] <= 0:
+            return "—"
+        secs, mb = phases[phase][tu]
+        return f"{100 * secs / total[tu][0]:.0f}%, {mb:.0f}"
+    for phase in order:
+        if all(phases[phase].get(tu, (0, 0)) == (0, 0) for tu in tus):
+            continue
+        lines.append(f"| {names.get(phase, phase)} | " + " | ".join(cell(phase, tu) for tu in tus) + " |")
+    lines.append("| **all** (user CPU seconds under -ftime-report, MB) | " + " | ".join(
+        f"**{total[tu][0]:.2f} s, {total[tu][1]:.0f}**" if tu in total else "—" for tu in tus) + " |")
+    return "\n".join(lines)
+
+
+PHASE_LEGEND = """Row 5 by g++ phase (`-ftime-report`, one compilation of each translation unit after
+the timed ones, same flags): each phase's share of the unit's user CPU time, and g++'s
+garbage-collected memory allocated in it. `-ftime-report` slows the compiler down (it reads
+the clock around every step), so its seconds are only good for shares; the timed row 5 is
+the cost. `deps_include.cpp` is the floor: the headers rpmapp's headers include, nothing
+else."""
+
+
 LISTEN_CALLS_LEGEND = """Benchmark 1 call by call (`bench_listen calls`): the same listen + shutdown
 cycles as row 1, with every librdmacm call the cycle makes (and `poll`) timed by wrappers that
 the benchmark puts in front of librdmacm's own, so librpma's calls are timed as rpmapp's and
@@ -436,6 +578,15 @@ def main():
     sys_md = syscall_table(syscalls)
     if sys_md:
         print("\nsystem calls per connection (client + server, sequential, strace -c):\n" + sys_md)
+    conc_sys_md = syscall_table(syscalls, ("conc64:rpmapp", "conc64:raw"), ("rpmapp", "raw librdmacm"))
+    if conc_sys_md:
+        print("\nsystem calls per connection (client + server, 64 in flight, strace -c):\n" + conc_sys_md)
+    profile_md = profile_tables(read.profile)
+    if profile_md:
+        print("\n4. instructions by kind of work, per operation (rpmapp / hand-written):\n" + profile_md)
+    phase_md = phase_table(read.phases)
+    if phase_md:
+        print("\n5. compile cost by g++ phase:\n" + phase_md)
     calls_md = listen_calls_table(groups)
     if calls_md:
         print("\n1. listen + shutdown, call by call (ns per cycle):\n" + calls_md)
@@ -492,10 +643,18 @@ def main():
             f.write("(The picture of these ratios was not drawn: the python3 that wrote this page has no "
                     "matplotlib; Debian's python3-matplotlib provides it.)\n\n")
         f.write(md + "\n\n" + LEGEND + "\n\n")
+        if profile_md:
+            f.write("## Instructions: where they go\n\n" + PROFILE_LEGEND + "\n\n" + profile_md + "\n\n")
+        if phase_md:
+            f.write("## Compile cost: where it goes\n\n" + PHASE_LEGEND + "\n\n" + phase_md + "\n\n")
         if calls_md:
             f.write("## Listen + shutdown, call by call\n\n" + LISTEN_CALLS_LEGEND + "\n\n" + calls_md + "\n\n")
         if sys_md:
             f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
+        if conc_sys_md:
+            f.write("The same with 64 connections in flight, as row 3's C=64 (`bench_connect one VARIANT "
+                    "K 64`, rpmapp in row 3's configuration; 128 and 384 connections):\n\n"
+                    + conc_sys_md + "\n\n")
         if serve_md:
             f.write("## Servers: the event loop against hand-written ones\n\n" + SERVE_LEGEND + "\n\n"
                     + serve_md + "\n\n")

@@ -143,18 +143,19 @@ struct SocketAddress {
 /// When `out` is given, it gets the address with port 0 (only on success).
 inline expected<void> check_numeric_address(const char* call, std::string_view addr,
                                             SocketAddress* out = nullptr) noexcept {
-  const ScopedText parts = split_scope(addr);
-  in6_addr v6{};
-  in_addr v4{};
-  if (parse_host(AF_INET, parts.host, &v4)) {
-    if (parts.has_scope)
-      return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only",
-                          addr));
+  in_addr v4;
+  if (parse_ipv4(addr, &v4)) {  // the common case first: no '%' to look for
     if (out != nullptr) {
       *out = SocketAddress::ipv4_any(0);
       out->v4.sin_addr = v4;
     }
     return {};
+  }
+  const ScopedText parts = split_scope(addr);
+  in6_addr v6{};
+  if (parts.has_scope && parse_host(AF_INET, parts.host, &v4)) {
+    return fail(invalid(call, "address \"{}\": a scope id is for IPv6 link-local addresses only",
+                        addr));
   }
   if (!parse_host(AF_INET6, parts.host, &v6))
     return fail(invalid(call, "address \"{}\" is not a numeric IPv4 or IPv6 address", addr));
