@@ -20,11 +20,16 @@
 //        bench_connect serve-one SERVER K   K sequential raw connections to one server of
 //                                        server_names, untimed (system calls, as `one`)
 //        bench_connect serve-names       prints server_names, one a line
+//        bench_connect queues [reps] [N]  what a QP/CQ pool could save: N times create and
+//                                        destroy a CQ and a QP (raw verbs, row 2's sizes),
+//                                        then N sequential raw connections; prints M lines
+//                                        (medians, µs): queues_us, queues_conn_us
 // Prints R lines (common.hpp): connections per second, measured from the first connect
 // until the client saw every connection closed and the server released all of them.
 #include "anchors.hpp"
 #include "servers.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -315,7 +320,8 @@ int main(int argc, char** argv) {
   std::vector<int> inflights;
   for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
   if (inflights.empty()) inflights = {1, 4, 16, 64};
-  if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one")
+  if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one" &&
+      mode != "queues")
     die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K");
   auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
   ip = anchor_ip;
@@ -398,6 +404,36 @@ int main(int argc, char** argv) {
     }
     for (auto& s : servers) s->stop();
     servers.clear();
+    finish();
+    return 0;
+  }
+
+  if (mode == "queues") {  // argv: queues [reps] [N]
+    auto server = std::make_unique<RawServer>(ip, raw_port);
+    server->start();
+    std::vector<double> queues, conns;
+    for (int rep = 0; rep < reps; ++rep) {
+      double t0 = now_s();
+      for (int i = 0; i < total; ++i) {
+        ibv_cq* cq = check_ptr(ibv_create_cq(ctx, 10, nullptr, nullptr, 0), "ibv_create_cq");
+        ibv_qp_init_attr attr = raw_qp_attr(cq);
+        ibv_qp* qp = check_ptr(ibv_create_qp(pd, &attr), "ibv_create_qp");
+        check(ibv_destroy_qp(qp), "ibv_destroy_qp");
+        check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+      }
+      queues.push_back((now_s() - t0) * 1e6 / total);
+      const long target = server->closed() + total;
+      t0 = now_s();
+      for (int i = 0; i < total; ++i) seq_raw(raw_ch, pd);
+      await_server(*server, target);
+      conns.push_back((now_s() - t0) * 1e6 / total);
+    }
+    std::sort(queues.begin(), queues.end());
+    std::sort(conns.begin(), conns.end());
+    std::printf("M\tqueues_us\t%.0f\nM\tqueues_conn_us\t%.0f\n", queues[queues.size() / 2],
+                conns[conns.size() / 2]);
+    server->stop();
+    server.reset();
     finish();
     return 0;
   }

@@ -651,6 +651,13 @@ def main():
             f.write("## Listen + shutdown, call by call\n\n" + LISTEN_CALLS_LEGEND + "\n\n" + calls_md + "\n\n")
         if sys_md:
             f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
+        if "queues_us" in meta and "queues_conn_us" in meta:
+            q, c = float(meta["queues_us"]), float(meta["queues_conn_us"])
+            f.write("What a pool of queues could save (issue 12's stretch goal: measure first), from "
+                    "`bench_connect queues` in the same VM: creating and destroying a CQ and a QP "
+                    f"(row 2's sizes, raw verbs) takes {q:.0f} µs, a sequential raw connection "
+                    f"{c:.0f} µs (medians); both sides create and destroy theirs, {100 * 2 * q / c:.0f}% "
+                    "of a connection's time if the two sides did not overlap.\n\n")
         if conc_sys_md:
             f.write("The same with 64 connections in flight, as row 3's C=64 (`bench_connect one VARIANT "
                     "K 64`, rpmapp in row 3's configuration; 128 and 384 connections):\n\n"
