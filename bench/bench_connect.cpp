@@ -23,7 +23,8 @@
 //        bench_connect queues [reps] [N]  what a QP/CQ pool could save: N times create and
 //                                        destroy a CQ and a QP (raw verbs, row 2's sizes),
 //                                        then N sequential raw connections; prints M lines
-//                                        (medians, µs): queues_us, queues_conn_us
+//                                        (medians, µs): queues_us, queues_cq_us (the CQ
+//                                        alone), queues_conn_us
 // Prints R lines (common.hpp): connections per second, measured from the first connect
 // until the client saw every connection closed and the server released all of them.
 #include "anchors.hpp"
@@ -411,7 +412,7 @@ int main(int argc, char** argv) {
   if (mode == "queues") {  // argv: queues [reps] [N]
     auto server = std::make_unique<RawServer>(ip, raw_port);
     server->start();
-    std::vector<double> queues, conns;
+    std::vector<double> queues, cqs, conns;
     for (int rep = 0; rep < reps; ++rep) {
       double t0 = now_s();
       for (int i = 0; i < total; ++i) {
@@ -422,6 +423,12 @@ int main(int argc, char** argv) {
         check(ibv_destroy_cq(cq), "ibv_destroy_cq");
       }
       queues.push_back((now_s() - t0) * 1e6 / total);
+      t0 = now_s();
+      for (int i = 0; i < total; ++i) {
+        ibv_cq* cq = check_ptr(ibv_create_cq(ctx, 10, nullptr, nullptr, 0), "ibv_create_cq");
+        check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+      }
+      cqs.push_back((now_s() - t0) * 1e6 / total);
       const long target = server->closed() + total;
       t0 = now_s();
       for (int i = 0; i < total; ++i) seq_raw(raw_ch, pd);
@@ -429,9 +436,10 @@ int main(int argc, char** argv) {
       conns.push_back((now_s() - t0) * 1e6 / total);
     }
     std::sort(queues.begin(), queues.end());
+    std::sort(cqs.begin(), cqs.end());
     std::sort(conns.begin(), conns.end());
-    std::printf("M\tqueues_us\t%.0f\nM\tqueues_conn_us\t%.0f\n", queues[queues.size() / 2],
-                conns[conns.size() / 2]);
+    std::printf("M\tqueues_us\t%.0f\nM\tqueues_cq_us\t%.0f\nM\tqueues_conn_us\t%.0f\n",
+                queues[queues.size() / 2], cqs[cqs.size() / 2], conns[conns.size() / 2]);
     server->stop();
     server.reset();
     finish();

@@ -411,6 +411,8 @@ def listen_calls_table(groups):
     calls = [k[1] for k in groups if k[0] == "listen-calls" and k[2] == "ns/cycle"]
     if not calls:
         return ""
+    # the calls in the order the programs print them, the two sums last
+    calls = [c for c in calls if not c.startswith("(")] + [c for c in calls if c.startswith("(")]
     lines = ["| call | rpmapp ns | librpma ns | raw ns | calls per cycle (rpmapp / librpma / raw) |",
              "|---|---|---|---|---|"]
     for call in calls:
@@ -653,11 +655,13 @@ def main():
             f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
         if "queues_us" in meta and "queues_conn_us" in meta:
             q, c = float(meta["queues_us"]), float(meta["queues_conn_us"])
+            cq = float(meta.get("queues_cq_us", "nan"))
             f.write("What a pool of queues could save (issue 12's stretch goal: measure first), from "
                     "`bench_connect queues` in the same VM: creating and destroying a CQ and a QP "
-                    f"(row 2's sizes, raw verbs) takes {q:.0f} µs, a sequential raw connection "
-                    f"{c:.0f} µs (medians); both sides create and destroy theirs, {100 * 2 * q / c:.0f}% "
-                    "of a connection's time if the two sides did not overlap.\n\n")
+                    f"(row 2's sizes, raw verbs) takes {q:.0f} µs (the CQ alone {cq:.0f} µs), a "
+                    f"sequential raw connection {c:.0f} µs (medians); both sides create and destroy "
+                    f"theirs, {100 * 2 * q / c:.0f}% of a connection's time if the two sides did not "
+                    "overlap.\n\n")
         if conc_sys_md:
             f.write("The same with 64 connections in flight, as row 3's C=64 (`bench_connect one VARIANT "
                     "K 64`, rpmapp in row 3's configuration; 128 and 384 connections):\n\n"
