@@ -25,6 +25,9 @@
 //                                        then N sequential raw connections; prints M lines
 //                                        (medians, µs): queues_us, queues_cq_us (the CQ
 //                                        alone), queues_conn_us
+//        bench_connect pool [reps] [K]  K sequential raw connections against K with a CQ and
+//                                        a QP kept across connections (PooledRawServer and
+//                                        seq_raw_pooled): what a pool of queues gives
 // Prints R lines (common.hpp): connections per second, measured from the first connect
 // until the client saw every connection closed and the server released all of them.
 #include "anchors.hpp"
@@ -127,6 +130,49 @@ void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
   if (raw_wait(ch) != RDMA_CM_EVENT_DISCONNECTED) die("raw", "not closed");
   rdma_destroy_qp(id);
   check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+  check(rdma_destroy_id(id), "rdma_destroy_id");
+}
+
+/// seq_raw with a CQ and a QP from `pool` (made on first use, kept after): INIT before
+/// rdma_connect, RTR and RTS on CONNECT_RESPONSE, then rdma_establish; RESET after.
+void seq_raw_pooled(rdma_event_channel* ch, ibv_pd* pd, std::vector<PooledQueues>& pool,
+                    const char* port) {
+  rdma_addrinfo* ai = raw_resolve_info(port);
+  rdma_cm_id* id = nullptr;
+  check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
+  check(rdma_resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000), "rdma_resolve_addr");
+  rdma_freeaddrinfo(ai);
+  if (raw_wait(ch) != RDMA_CM_EVENT_ADDR_RESOLVED) die("pooled", "address not resolved");
+  check(rdma_resolve_route(id, 1000), "rdma_resolve_route");
+  if (raw_wait(ch) != RDMA_CM_EVENT_ROUTE_RESOLVED) die("pooled", "route not resolved");
+  if (pool.empty()) pool.push_back(make_pooled_queues(id->verbs, pd));
+  const PooledQueues q = pool.back();
+  pool.pop_back();
+  move_qp(id, q.qp, IBV_QPS_INIT);
+  rdma_conn_param param = raw_conn_param();
+  param.qp_num = q.qp->qp_num;
+  check(rdma_connect(id, &param), "rdma_connect");
+  if (raw_wait(ch) != RDMA_CM_EVENT_CONNECT_RESPONSE) die("pooled", "no connect response");
+  move_qp(id, q.qp, IBV_QPS_RTR);
+  move_qp(id, q.qp, IBV_QPS_RTS);
+  check(rdma_establish(id), "rdma_establish");
+  // 8 bytes inline: the server counts them (its recv was posted before it accepted)
+  std::uint64_t payload = 0x706f6f6c6564;
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(&payload), sizeof payload, 0};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  check(ibv_post_send(q.qp, &wr, &bad), "ibv_post_send");
+  ibv_wc wc{};
+  while (ibv_poll_cq(q.cq, 1, &wc) == 0) {
+  }
+  if (wc.status != IBV_WC_SUCCESS) die("pooled", ibv_wc_status_str(wc.status));
+  check(rdma_disconnect(id), "rdma_disconnect");
+  if (raw_wait(ch) != RDMA_CM_EVENT_DISCONNECTED) die("pooled", "not closed");
+  reset_qp(q);
+  pool.push_back(q);
   check(rdma_destroy_id(id), "rdma_destroy_id");
 }
 
@@ -322,7 +368,7 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
   if (inflights.empty()) inflights = {1, 4, 16, 64};
   if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one" &&
-      mode != "queues")
+      mode != "queues" && mode != "pool")
     die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K");
   auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
   ip = anchor_ip;
@@ -405,6 +451,32 @@ int main(int argc, char** argv) {
     }
     for (auto& s : servers) s->stop();
     servers.clear();
+    finish();
+    return 0;
+  }
+
+  if (mode == "pool") {  // argv: pool [reps] [K]: seq_raw against seq_raw_pooled
+    const char* pooled_port = "7480";
+    auto plain = std::make_unique<RawServer>(ip, raw_port);
+    auto pooled = std::make_unique<PooledRawServer>(ip, pooled_port);
+    plain->start();
+    pooled->start();
+    std::vector<PooledQueues> pool;
+    interleave_named("pool", "K=" + std::to_string(total), "conn/s", reps,
+                     {{"raw", rate(*plain, total, [&](int n) { for (int i = 0; i < n; ++i) seq_raw(raw_ch, pd); })},
+                      {"raw-pooled", rate(*pooled, total, [&](int n) {
+                         for (int i = 0; i < n; ++i) seq_raw_pooled(raw_ch, pd, pool, pooled_port);
+                       })}});
+    plain->stop();
+    pooled->stop();
+    if (pooled->received() != pooled->closed())
+      die("pool", std::to_string(pooled->received()) + " sends arrived over " +
+                      std::to_string(pooled->closed()) + " pooled connections");
+    std::printf("M\tpool_checked\t%ld connections on recycled queues, each carried a send\n",
+                pooled->closed());
+    plain.reset();
+    pooled.reset();
+    for (PooledQueues q : pool) free_pooled_queues(q);
     finish();
     return 0;
   }

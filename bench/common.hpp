@@ -53,6 +53,48 @@ inline ibv_qp_init_attr raw_qp_attr(ibv_cq* cq) {
   return attr;
 }
 
+/// A CQ and a QP kept across connections (bench_connect pool): made once with raw verbs
+/// (not rdma_create_qp, so rdma_cm leaves their states to the caller), driven through
+/// INIT, RTR and RTS with rdma_init_qp_attr for each connection, and back to RESET after.
+struct PooledQueues {
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+};
+
+inline PooledQueues make_pooled_queues(ibv_context* ctx, ibv_pd* pd) {
+  PooledQueues q;
+  q.cq = ibv_create_cq(ctx, 10, nullptr, nullptr, 0);
+  if (q.cq == nullptr) die("ibv_create_cq", std::strerror(errno));
+  ibv_qp_init_attr attr = raw_qp_attr(q.cq);
+  q.qp = ibv_create_qp(pd, &attr);
+  if (q.qp == nullptr) die("ibv_create_qp", std::strerror(errno));
+  return q;
+}
+
+inline void free_pooled_queues(PooledQueues q) {
+  if (ibv_destroy_qp(q.qp) != 0 || ibv_destroy_cq(q.cq) != 0) die("ibv_destroy_qp/cq", std::strerror(errno));
+}
+
+/// The QP of `id`'s connection into `state`, with the attributes rdma_cm gives for it.
+inline void move_qp(rdma_cm_id* id, ibv_qp* qp, ibv_qp_state state) {
+  ibv_qp_attr attr{};
+  int mask = 0;
+  attr.qp_state = state;
+  if (rdma_init_qp_attr(id, &attr, &mask) != 0)
+    die("rdma_init_qp_attr", std::to_string(state) + ": " + std::strerror(errno));
+  if (ibv_modify_qp(qp, &attr, mask) != 0) die("ibv_modify_qp", std::strerror(errno));
+}
+
+/// Back to RESET for the next connection (its work requests and completions dropped).
+inline void reset_qp(const PooledQueues& q) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  if (ibv_modify_qp(q.qp, &attr, IBV_QP_STATE) != 0) die("ibv_modify_qp RESET", std::strerror(errno));
+  ibv_wc wc[4];
+  while (ibv_poll_cq(q.cq, 4, wc) > 0) {
+  }
+}
+
 inline rdma_conn_param raw_conn_param() {
   rdma_conn_param p{};
   p.responder_resources = RDMA_MAX_RESP_RES;

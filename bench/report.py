@@ -558,6 +558,31 @@ the cost. `deps_include.cpp` is the floor: the headers rpmapp's headers include,
 else."""
 
 
+def pool_table(groups):
+    """`bench_connect pool`: sequential raw connections with their own CQ and QP against the
+    same with a CQ and a QP kept across connections."""
+    rows = [(k, g) for k, g in groups.items() if k[0] == "pool" and "raw" in g and "raw-pooled" in g]
+    if not rows:
+        return ""
+    lines = ["| connections | raw conn/s ↑ | raw with pooled queues conn/s ↑ | pooled / raw |",
+             "|---|---|---|---|"]
+    for (bench, param, metric), g in rows:
+        (a, sa), (b, sb) = summary(g["raw"]), summary(g["raw-pooled"])
+        med, lo, hi = paired(g["raw-pooled"], g["raw"])
+        lines.append(f"| sequential, {param} | {fmt_value(a)} ±{sa / 2:.0f}% | {fmt_value(b)} ±{sb / 2:.0f}% "
+                     f"| {med:.2f} [{lo:.2f}–{hi:.2f}] |")
+    return "\n".join(lines)
+
+
+POOL_LEGEND = """What a pool of queues gives, measured on raw librdmacm (`bench_connect pool`, the
+stretch goal's first step): row 2's raw client and server against the same two with a CQ
+and a QP kept across connections (made once with `ibv_create_qp`, driven through INIT,
+RTR and RTS with `rdma_init_qp_attr` for each connection, `rdma_establish` on the client,
+back to RESET after), interleaved in one process, ratios paired by repetition. Every
+pooled connection carries an 8-byte send, which the server counts: the run fails unless all
+arrived"""
+
+
 LISTEN_CALLS_LEGEND = """Benchmark 1 call by call (`bench_listen calls`): the same listen + shutdown
 cycles as row 1, with every librdmacm call the cycle makes (and `poll`) timed by wrappers that
 the benchmark puts in front of librdmacm's own, so librpma's calls are timed as rpmapp's and
@@ -580,6 +605,9 @@ def main():
     sys_md = syscall_table(syscalls)
     if sys_md:
         print("\nsystem calls per connection (client + server, sequential, strace -c):\n" + sys_md)
+    pool_md = pool_table(groups)
+    if pool_md:
+        print("\nraw librdmacm with a pool of queues (sequential):\n" + pool_md)
     conc_sys_md = syscall_table(syscalls, ("conc64:rpmapp", "conc64:raw"), ("rpmapp", "raw librdmacm"))
     if conc_sys_md:
         print("\nsystem calls per connection (client + server, 64 in flight, strace -c):\n" + conc_sys_md)
@@ -653,6 +681,9 @@ def main():
             f.write("## Listen + shutdown, call by call\n\n" + LISTEN_CALLS_LEGEND + "\n\n" + calls_md + "\n\n")
         if sys_md:
             f.write("## System calls per connection\n\n" + SYSCALL_LEGEND + "\n\n" + sys_md + "\n\n")
+        if pool_md:
+            f.write(POOL_LEGEND + (f" ({meta['pool_checked']})" if "pool_checked" in meta else "")
+                    + ".\n\n" + pool_md + "\n\n")
         if "queues_us" in meta and "queues_conn_us" in meta:
             q, c = float(meta["queues_us"]), float(meta["queues_conn_us"])
             cq = float(meta.get("queues_cq_us", "nan"))

@@ -248,6 +248,102 @@ class RawServer : public ServerBase {
   ibv_pd* pd_ = nullptr;
 };
 
+/// Raw librdmacm as RawServer, but each connection takes a CQ and a QP from a pool and gives
+/// them back (RESET) when it is closed: INIT, RTR and RTS before rdma_accept, as rdma_accept
+/// does for a QP of rdma_create_qp (bench_connect pool: what a pool of queues saves; not in
+/// server_names).
+class PooledRawServer : public ServerBase {
+ public:
+  PooledRawServer(const char* ip, const char* port) {
+    ch_ = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
+    check(rdma_create_id(ch_, &listen_id_, nullptr, RDMA_PS_TCP), "rdma_create_id");
+    rdma_addrinfo hints{};
+    hints.ai_flags = RAI_PASSIVE | RAI_NUMERICHOST;
+    hints.ai_port_space = RDMA_PS_TCP;
+    hints.ai_qp_type = IBV_QPT_RC;
+    rdma_addrinfo* ai = nullptr;
+    check(rdma_getaddrinfo(ip, port, &hints, &ai), "rdma_getaddrinfo");
+    check(rdma_bind_addr(listen_id_, ai->ai_src_addr), "rdma_bind_addr");
+    rdma_freeaddrinfo(ai);
+    pd_ = check_ptr(ibv_alloc_pd(listen_id_->verbs), "ibv_alloc_pd");
+    mr_ = check_ptr(ibv_reg_mr(pd_, buffer_, sizeof buffer_, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr");
+    check(rdma_listen(listen_id_, 0), "rdma_listen");
+    set_nonblocking(ch_->fd);
+    add(ch_->fd, 1);
+  }
+  /// Connections whose client's 8-byte send arrived (each one's QP carried data).
+  long received() const { return received_.load(std::memory_order_acquire); }
+  ~PooledRawServer() override {
+    for (PooledQueues q : pool_) free_pooled_queues(q);
+    ibv_dereg_mr(mr_);
+    rdma_destroy_id(listen_id_);
+    ibv_dealloc_pd(pd_);
+    rdma_destroy_event_channel(ch_);
+  }
+
+ private:
+  void on_ready(std::uint64_t) override {
+    for (;;) {
+      rdma_cm_event* e = nullptr;
+      if (rdma_get_cm_event(ch_, &e) != 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        die("rdma_get_cm_event", std::strerror(errno));
+      }
+      rdma_cm_id* id = e->id;
+      const rdma_cm_event_type type = e->event;
+      rdma_ack_cm_event(e);
+      switch (type) {
+        case RDMA_CM_EVENT_CONNECT_REQUEST: {
+          PooledQueues q;
+          if (pool_.empty()) {
+            q = make_pooled_queues(id->verbs, pd_);
+          } else {
+            q = pool_.back();
+            pool_.pop_back();
+          }
+          move_qp(id, q.qp, IBV_QPS_INIT);
+          move_qp(id, q.qp, IBV_QPS_RTR);
+          move_qp(id, q.qp, IBV_QPS_RTS);  // as rdma_accept does for a QP of rdma_create_qp
+          ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer_), sizeof buffer_, mr_->lkey};
+          ibv_recv_wr wr{}, *bad = nullptr;
+          wr.sg_list = &sge;
+          wr.num_sge = 1;
+          check(ibv_post_recv(q.qp, &wr, &bad), "ibv_post_recv");
+          id->context = new PooledQueues(q);
+          rdma_conn_param param = raw_conn_param();
+          param.qp_num = q.qp->qp_num;
+          check(rdma_accept(id, &param), "rdma_accept");
+          break;
+        }
+        case RDMA_CM_EVENT_ESTABLISHED:
+          established_.fetch_add(1, std::memory_order_release);
+          break;
+        case RDMA_CM_EVENT_DISCONNECTED: {
+          auto* q = static_cast<PooledQueues*>(id->context);
+          ibv_wc wc{};
+          if (ibv_poll_cq(q->cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 8)
+            received_.fetch_add(1, std::memory_order_release);
+          reset_qp(*q);
+          pool_.push_back(*q);
+          delete q;
+          check(rdma_destroy_id(id), "rdma_destroy_id");
+          closed_.fetch_add(1, std::memory_order_release);
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+  rdma_event_channel* ch_ = nullptr;
+  rdma_cm_id* listen_id_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+  char buffer_[64] = {};
+  std::atomic<long> received_{0};
+  std::vector<PooledQueues> pool_;
+};
+
 /// rpmapp's EventLoop on the server thread, with handlers: EventLoop::serve accepts each
 /// request, EventLoop::watch on each Conn releases it when it is closed. The loop runs
 /// until stop() (EventLoop::stop is the one call made from another thread).
