@@ -56,11 +56,16 @@ void await_server(const Server& server, long target) {
 /// What rows 2 and 3 ask of rpmapp, client and server: not to pay per connection for what
 /// the raw program does without. Its ids share one event channel, so rpmapp's connections
 /// reuse the channels of released ones; its CQs have no completion channel, nor do
-/// rpmapp's. `one rpmapp-defaults` counts the system calls of ConnConfig's defaults.
+/// rpmapp's, which also reuse the CQs of released connections (the raw program makes a CQ
+/// per connection: what rpmapp's options allow beyond it). `one rpmapp-defaults` counts the
+/// system calls of ConnConfig's defaults.
 rpmapp::ConnConfig lean_config() {
   rpmapp::ConnConfig config;
   config.reuse_event_channel = true;
   config.completion_channel = false;
+  // BENCH_NO_CQ_REUSE=1: without it, for comparing runs (bench/performance-notes.md)
+  const char* off = std::getenv("BENCH_NO_CQ_REUSE");
+  config.reuse_completion_queues = off == nullptr || std::string_view(off) != "1";
   return config;
 }
 rpmapp::ConnConfig rpmapp_config = lean_config();

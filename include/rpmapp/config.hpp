@@ -77,6 +77,18 @@ struct ConnConfig {
   /// not be destroyed is closed, never reused. The default, false, closes the fd with the
   /// connection.
   bool reuse_event_channel = false;
+  /// Take the connection's CQ (and receive CQ) from its Peer's spares, and give them back
+  /// when the connection is released, instead of creating and destroying them per
+  /// connection (an ibv_create_cq and an ibv_destroy_cq each: on Soft-RoCE a CQ's creation
+  /// and destruction cost about a thirtieth of a connection's setup). Needs CQs without a
+  /// completion channel (completion_channel false; else inval). A spare is a CQ of the
+  /// same size (and completion vector) from a released connection that set this too, its
+  /// queue pair destroyed first and its completions polled away, so a connection never
+  /// sees another's completions; at most Peer::max_spare_completion_queues, destroyed
+  /// with the Peer's last reference. A CQ whose polling fails is destroyed, never reused.
+  /// Cq views and raw ibv_cq pointers of a released connection must not be used (as
+  /// always): the queue may be a later connection's.
+  bool reuse_completion_queues = false;
 };
 
 /// Options of a listening endpoint.

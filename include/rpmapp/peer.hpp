@@ -47,11 +47,25 @@ struct PeerState {
   static constexpr std::size_t max_spare_channels = 64;
   std::mutex spare_channels_mutex;
   std::vector<rdma_event_channel*> spare_channels;
+  /// CQs of released connections made with ConnConfig::reuse_completion_queues: no
+  /// completion channel, no queue pair on them, nothing left to poll; made and destroyed
+  /// through `seam`.
+  struct SpareCq {
+    ibv_cq* cq;
+    std::uint32_t size;
+    int vector;
+  };
+  static constexpr std::size_t max_spare_cqs = 64;
+  std::mutex spare_cqs_mutex;
+  std::vector<SpareCq> spare_cqs;
   /// Who releases the domain when the state goes: Peer::open on its failure paths, then
   /// the last of the Peer and what was made from it.
   Teardown teardown{"Peer (last reference)", LogLevel::warning};
 
-  PeerState() { spare_channels.reserve(max_spare_channels); }
+  PeerState() {
+    spare_channels.reserve(max_spare_channels);
+    spare_cqs.reserve(max_spare_cqs);
+  }
   PeerState(const PeerState&) = delete;
   PeerState& operator=(const PeerState&) = delete;
   ~PeerState() {
@@ -76,7 +90,28 @@ struct PeerState {
     return true;
   }
 
-  /// Closes the spare event channels, deregisters the flush buffer and deallocates the
+  /// A spare CQ of `size` entries on completion vector `vector`, or nullptr.
+  ibv_cq* take_spare_cq(std::uint32_t size, int vector) noexcept {
+    std::lock_guard lock(spare_cqs_mutex);
+    for (std::size_t i = spare_cqs.size(); i-- > 0;) {  // the latest first
+      if (spare_cqs[i].size != size || spare_cqs[i].vector != vector) continue;
+      ibv_cq* cq = spare_cqs[i].cq;
+      spare_cqs.erase(spare_cqs.begin() + static_cast<std::ptrdiff_t>(i));
+      return cq;
+    }
+    return nullptr;
+  }
+  /// Keeps `cq` (no queue pair on it, polled empty) as a spare; false when there are
+  /// max_spare_cqs already (the caller destroys it).
+  bool keep_spare_cq(ibv_cq* cq, std::uint32_t size, int vector) noexcept {
+    std::lock_guard lock(spare_cqs_mutex);
+    if (spare_cqs.size() >= max_spare_cqs) return false;
+    spare_cqs.push_back({cq, size, vector});  // no allocation: reserved by the constructor
+    return true;
+  }
+
+  /// Closes the spare event channels, destroys the spare CQs, deregisters the flush
+  /// buffer and deallocates the
   /// domain, reporting the first failure
   /// (the rest is still released). Idempotent.
   expected<void> release(Teardown by) noexcept {
@@ -86,6 +121,12 @@ struct PeerState {
       std::lock_guard lock(spare_channels_mutex);
       for (rdma_event_channel* channel : spare_channels) seam->destroy_event_channel(channel);
       spare_channels.clear();
+    }
+    {
+      std::lock_guard lock(spare_cqs_mutex);
+      for (const SpareCq& spare : spare_cqs)
+        first.value_call(seam->destroy_cq(spare.cq), "ibv_destroy_cq");
+      spare_cqs.clear();
     }
     if (flush_mr) first.value_call(seam->dereg_mr(flush_mr.release()), "ibv_dereg_mr");
     flush_buffer.reset();
@@ -135,6 +176,9 @@ class Peer {
   /// How many event channels of released connections a Peer keeps for later ones
   /// (ConnConfig::reuse_event_channel).
   static constexpr std::size_t max_spare_event_channels = detail::PeerState::max_spare_channels;
+  /// How many CQs of released connections a Peer keeps for later ones
+  /// (ConnConfig::reuse_completion_queues).
+  static constexpr std::size_t max_spare_completion_queues = detail::PeerState::max_spare_cqs;
 
   /// Allocates a protection domain on `context`, which must be one of librdmacm's own
   /// device contexts: an element of rdma_get_devices()'s list (those stay open for the

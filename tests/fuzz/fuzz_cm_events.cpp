@@ -32,7 +32,7 @@ constexpr const char* failable[] = {
     "ibv_create_cq", "ibv_req_notify_cq", "rdma_create_qp", "rdma_migrate_id", "rdma_accept",
     "rdma_reject", "rdma_connect", "rdma_disconnect", "rdma_destroy_id", "ibv_destroy_cq",
     "ibv_destroy_comp_channel", "rdma_resolve_addr", "rdma_resolve_route", "epoll_create1",
-    "epoll_ctl", "epoll_wait", "eventfd", "read", "write", "close"};
+    "epoll_ctl", "epoll_wait", "eventfd", "read", "write", "close", "ibv_poll_cq"};
 constexpr int errnos[] = {ENOMEM, EINVAL, ETIMEDOUT, EAGAIN, ENODEV, ECONNREFUSED, EINTR,
                           EBUSY, ENOTRECOVERABLE};
 constexpr const char* addresses[] = {"169.254.77.9", "169.254.78.9", "10.0.0.1", "169.254.77.1"};
@@ -109,6 +109,7 @@ void run(World& w, fuzz::Reader& in) {
           ConnConfig cfg;
           cfg.reuse_event_channel = (arg & 128) != 0;  // a spare channel of the Peer's
           cfg.completion_channel = (arg & 64) == 0;     // CQs without one, only polled
+          cfg.reuse_completion_queues = (arg & 72) == 72;  // and spare CQs of the Peer's
           auto r = w.ep->try_next_conn_req(cfg);
           if (!r) fuzz::check_error(r.error());
           else if (auto* s = w.free_slot(w.reqs)) s->emplace(std::move(*r));
@@ -123,6 +124,7 @@ void run(World& w, fuzz::Reader& in) {
           cfg.timeout = std::chrono::milliseconds(20);
           cfg.reuse_event_channel = (arg & 128) != 0;
           cfg.completion_channel = (arg & 64) == 0;
+          cfg.reuse_completion_queues = (arg & 72) == 72;
           keep(s, ConnReq::start(w.peer, addresses[arg % std::size(addresses)], "7471", cfg));
         }
         break;

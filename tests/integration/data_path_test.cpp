@@ -3,7 +3,8 @@
 // region used without the rights it needs fails in the completion, receives posted
 // before connect, a shared receive queue used by two connections, completions through
 // epoll and through a shared completion channel, completions busy-polled on connections
-// without a completion channel, disconnect with work in flight, and
+// without a completion channel, their CQs reused by the next connections, disconnect with
+// work in flight, and
 // ConnConfig's queue pair parameters as the queue pair reports them.
 // Server and client run in one process, over $SOFTROCE_IP. Needs $SOFTROCE_IP; fails,
 // never skips, without it. Every wait is bounded.
@@ -809,6 +810,51 @@ TEST_CASE("no completion channel (ConnConfig::completion_channel false): complet
   std::array<ibv_wc, 1> wc{};
   CHECK(MUST_FAIL(cq_of(link.client).get(wc)).code() == errc::no_completion);
   CHECK(MUST_FAIL(cq_of(link.server).get(wc)).code() == errc::no_completion);
+  link.close();
+}
+
+TEST_CASE("reuse_completion_queues: the next connections get the released ones' CQs, without "
+          "their completions, and move the right bytes", "[data][reuse_cq]") {
+  const ConnConfig client_cfg{.completion_channel = false, .reuse_completion_queues = true};
+  const ConnConfig server_cfg{.rcq_size = 4, .completion_channel = false, .reuse_completion_queues = true};
+  Link link(client_cfg, server_cfg);
+  for (int round = 0; round < 4; ++round) {
+    INFO("round " << round);
+    const ibv_cq* client_cq = MUST(cq_of(link.client).native());
+    const ibv_cq* server_cq = MUST(cq_of(link.server).native());
+    const ibv_cq* server_rcq = MUST(rcq_of(link.server).native());
+    // Bytes both ways, their completions polled.
+    const std::size_t n = 4 * KiB;
+    fill(link.client_mem, 50 + round);
+    fill(link.server_mem, 60 + round);
+    Bytes expected = with_copy(link.server_mem, dst_offset, link.client_mem, src_offset, n);
+    MUST(link.client.write(link.remote, dst_offset, link.client_mr, src_offset, n, Completion::always, 0xd00));
+    expect_done(poll_wc(cq_of(link.client), "client"), IBV_WC_RDMA_WRITE, 0xd00);
+    CHECK(first_difference(link.server_mem, expected) == -1);
+    MUST(link.server.recv(link.server_mr, dst_offset, n, 0xe00));
+    MUST(link.client.send(link.client_mr, src_offset, 64, Completion::always, 0xe01));
+    expect_done(poll_wc(cq_of(link.client), "client"), IBV_WC_SEND, 0xe01);
+    expect_done(poll_wc(rcq_of(link.server), "server"), IBV_WC_RECV, 0xe00);
+    // Left for the release: a write's completion never polled on the client, and a receive
+    // on the server that nothing matches (flushed at the disconnect into its receive CQ).
+    MUST(link.client.write(link.remote, dst_offset, link.client_mr, src_offset, 8, Completion::always, 0xf00));
+    MUST(link.server.recv(link.server_mr, dst_offset, 64, 0xf01));
+    disconnect_both(link.client, link.server);
+    MUST(std::move(link.client).close());
+    MUST(std::move(link.server).close());
+
+    // The next connection, on the same Peers: the same CQs, empty.
+    link.client = start_client(link.client_peer, link.ip, port_text(link.ep), {}, client_cfg);
+    link.server = MUST(take_request(link.ep, server_cfg).connect(Link::accept_data(link.server_mr, PeerConfig{true})));
+    establish(link.client, link.server);
+    CHECK(MUST(cq_of(link.client).native()) == client_cq);
+    CHECK(MUST(cq_of(link.server).native()) == server_cq);
+    CHECK(MUST(rcq_of(link.server).native()) == server_rcq);
+    std::array<ibv_wc, 2> wc{};
+    CHECK(MUST_FAIL(cq_of(link.client).get(wc)).code() == errc::no_completion);
+    CHECK(MUST_FAIL(cq_of(link.server).get(wc)).code() == errc::no_completion);
+    CHECK(MUST_FAIL(rcq_of(link.server).get(wc)).code() == errc::no_completion);
+  }
   link.close();
 }
 

@@ -74,6 +74,26 @@ inline bool reuses_channels(const ConnectionCore& core) noexcept {
   return core.config.reuse_event_channel && core.peer && core.peer->seam == core.seam;
 }
 
+/// Whether `core`'s CQs come from and go back to its peer's spares
+/// (ConnConfig::reuse_completion_queues, which needs CQs without a completion channel).
+inline bool reuses_cqs(const ConnectionCore& core) noexcept {
+  return core.config.reuse_completion_queues && !core.config.completion_channel && core.peer &&
+         core.peer->seam == core.seam;
+}
+
+/// Polls `cq` (its queue pair destroyed) until it is empty, then keeps it as a spare of
+/// `core`'s peer; destroys it instead when polling fails or the peer has enough spares.
+inline void give_back_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_t size,
+                         FirstError& first) noexcept {
+  const Provider& p = *core.seam;
+  ibv_wc left[16];
+  int n = 0;
+  while ((n = p.poll_cq(cq, 16, left)) > 0) {
+  }
+  if (n < 0 || !core.peer->keep_spare_cq(cq, size, core.config.completion_vector))
+    first.value_call(p.destroy_cq(cq), "ibv_destroy_cq");
+}
+
 /// Releases everything `core` owns, in teardown order, reporting the first failure (the
 /// later ones are logged, see FirstError).
 inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
@@ -81,8 +101,15 @@ inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
   const Provider& p = *core.seam;
   FirstError first{by};
   if (core.qp) p.destroy_qp(core.qp.release());
-  if (core.rcq) first.value_call(p.destroy_cq(core.rcq.release()), "ibv_destroy_cq");
-  if (core.cq) first.value_call(p.destroy_cq(core.cq.release()), "ibv_destroy_cq");
+  const bool spare_cqs = reuses_cqs(core);
+  if (core.rcq) {
+    if (spare_cqs) give_back_cq(core, core.rcq.release(), core.config.rcq_size, first);
+    else first.value_call(p.destroy_cq(core.rcq.release()), "ibv_destroy_cq");
+  }
+  if (core.cq) {
+    if (spare_cqs) give_back_cq(core, core.cq.release(), core.config.cq_size, first);
+    else first.value_call(p.destroy_cq(core.cq.release()), "ibv_destroy_cq");
+  }
   if (core.rcq_channel)
     first.value_call(p.destroy_comp_channel(core.rcq_channel.release()),
                      "ibv_destroy_comp_channel");
@@ -130,6 +157,9 @@ inline expected<void> check_config(const char* call, const ConnConfig& cfg) noex
   if (cfg.shared_completion_channel && !cfg.completion_channel)
     return fail(invalid(call, "shared_completion_channel needs a completion channel "
                               "(completion_channel is false)"));
+  if (cfg.reuse_completion_queues && cfg.completion_channel)
+    return fail(invalid(call, "reuse_completion_queues needs CQs without a completion channel "
+                              "(set completion_channel to false)"));
   return {};
 }
 
@@ -190,6 +220,19 @@ inline expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uin
   return {};
 }
 
+/// `core`'s CQ of `size` entries on its completion channel (none without
+/// completion_channel): one of its peer's spares with reuse_completion_queues, else a new one.
+/// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
+inline expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size) noexcept {
+  if (reuses_cqs(core) && core.id->verbs == core.peer->context) {
+    if (ibv_cq* spare = core.peer->take_spare_cq(size, core.config.completion_vector)) {
+      out.reset(spare);
+      return {};
+    }
+  }
+  return make_cq(out, core.id->verbs, size, core.comp_channel.get(), core.config.completion_vector);
+}
+
 inline expected<void> check_private_data(const char* call, std::span<const std::byte> data,
                                          std::size_t limit, const char* what) noexcept {
   if (data.size() > limit)
@@ -209,8 +252,7 @@ inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg)
                         cfg.completion_vector, verbs->num_comp_vectors));
   if (cfg.completion_channel)
     if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
-  if (auto ok = make_cq(core.cq, verbs, cfg.cq_size, core.comp_channel.get(), cfg.completion_vector); !ok)
-    return ok;
+  if (auto ok = open_cq(core, core.cq, cfg.cq_size); !ok) return ok;
   const bool srq_has_cq = core.srq && core.srq->rcq;
   if (cfg.rcq_size > 0 && !srq_has_cq) {
     ibv_comp_channel* channel = core.comp_channel.get();
@@ -218,7 +260,11 @@ inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg)
       if (auto ok = make_comp_channel(core.rcq_channel, verbs); !ok) return ok;
       channel = core.rcq_channel.get();
     }
-    if (auto ok = make_cq(core.rcq, verbs, cfg.rcq_size, channel, cfg.completion_vector); !ok) return ok;
+    if (channel == nullptr) {
+      if (auto ok = open_cq(core, core.rcq, cfg.rcq_size); !ok) return ok;
+    } else if (auto ok = make_cq(core.rcq, verbs, cfg.rcq_size, channel, cfg.completion_vector); !ok) {
+      return ok;
+    }
   }
   ibv_qp_init_attr_ex attr{};
   attr.send_cq = core.cq.get();
