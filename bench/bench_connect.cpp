@@ -115,8 +115,8 @@ rdma_addrinfo* raw_resolve_info(const char* port) {
   return ai;
 }
 
-/// Raw blocking client: one event channel (created once) for every connection.
-void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
+/// A new id on `ch`, its address and route to ip:port resolved (blocking).
+rdma_cm_id* raw_routed_id(rdma_event_channel* ch, const char* port) {
   rdma_addrinfo* ai = raw_resolve_info(port);
   rdma_cm_id* id = nullptr;
   check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
@@ -125,6 +125,12 @@ void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
   if (raw_wait(ch) != RDMA_CM_EVENT_ADDR_RESOLVED) die("raw", "address not resolved");
   check(rdma_resolve_route(id, 1000), "rdma_resolve_route");
   if (raw_wait(ch) != RDMA_CM_EVENT_ROUTE_RESOLVED) die("raw", "route not resolved");
+  return id;
+}
+
+/// Raw blocking client: one event channel (created once) for every connection.
+void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
+  rdma_cm_id* id = raw_routed_id(ch, port);
   ibv_cq* cq = check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
   ibv_qp_init_attr attr = raw_qp_attr(cq);
   check(rdma_create_qp(id, pd, &attr), "rdma_create_qp");
@@ -142,14 +148,7 @@ void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
 /// rdma_connect, RTR and RTS on CONNECT_RESPONSE, then rdma_establish; RESET after.
 void seq_raw_pooled(rdma_event_channel* ch, ibv_pd* pd, std::vector<PooledQueues>& pool,
                     const char* port) {
-  rdma_addrinfo* ai = raw_resolve_info(port);
-  rdma_cm_id* id = nullptr;
-  check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
-  check(rdma_resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 1000), "rdma_resolve_addr");
-  rdma_freeaddrinfo(ai);
-  if (raw_wait(ch) != RDMA_CM_EVENT_ADDR_RESOLVED) die("pooled", "address not resolved");
-  check(rdma_resolve_route(id, 1000), "rdma_resolve_route");
-  if (raw_wait(ch) != RDMA_CM_EVENT_ROUTE_RESOLVED) die("pooled", "route not resolved");
+  rdma_cm_id* id = raw_routed_id(ch, port);
   if (pool.empty()) pool.push_back(make_pooled_queues(id->verbs, pd));
   const PooledQueues q = pool.back();
   pool.pop_back();

@@ -179,11 +179,11 @@ class LibrpmaServer : public ServerBase {
   std::unordered_map<int, rpma_conn*> conns_;
 };
 
-/// Raw librdmacm: one non-blocking event channel for the listener and every accepted id
-/// (no migration), a CQ without completion channel and a QP per connection.
-class RawServer : public ServerBase {
- public:
-  RawServer(const char* ip, const char* port) {
+/// What the raw servers share: one non-blocking event channel for the listener and every
+/// accepted id (no migration), listening on ip:port, and a protection domain.
+class RawListeningServer : public ServerBase {
+ protected:
+  RawListeningServer(const char* ip, const char* port) {
     ch_ = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
     check(rdma_create_id(ch_, &listen_id_, nullptr, RDMA_PS_TCP), "rdma_create_id");
     rdma_addrinfo hints{};
@@ -199,11 +199,20 @@ class RawServer : public ServerBase {
     set_nonblocking(ch_->fd);
     add(ch_->fd, 1);
   }
-  ~RawServer() override {
+  ~RawListeningServer() override {
     rdma_destroy_id(listen_id_);
     ibv_dealloc_pd(pd_);
     rdma_destroy_event_channel(ch_);
   }
+  rdma_event_channel* ch_ = nullptr;
+  rdma_cm_id* listen_id_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+};
+
+/// Raw librdmacm: a CQ without completion channel and a QP per connection.
+class RawServer : public RawListeningServer {
+ public:
+  RawServer(const char* ip, const char* port) : RawListeningServer(ip, port) {}
 
  private:
   void on_ready(std::uint64_t) override {
@@ -243,42 +252,22 @@ class RawServer : public ServerBase {
       }
     }
   }
-  rdma_event_channel* ch_ = nullptr;
-  rdma_cm_id* listen_id_ = nullptr;
-  ibv_pd* pd_ = nullptr;
 };
 
 /// Raw librdmacm as RawServer, but each connection takes a CQ and a QP from a pool and gives
 /// them back (RESET) when it is closed: INIT, RTR and RTS before rdma_accept, as rdma_accept
 /// does for a QP of rdma_create_qp (bench_connect pool: what a pool of queues saves; not in
 /// server_names).
-class PooledRawServer : public ServerBase {
+class PooledRawServer : public RawListeningServer {
  public:
-  PooledRawServer(const char* ip, const char* port) {
-    ch_ = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
-    check(rdma_create_id(ch_, &listen_id_, nullptr, RDMA_PS_TCP), "rdma_create_id");
-    rdma_addrinfo hints{};
-    hints.ai_flags = RAI_PASSIVE | RAI_NUMERICHOST;
-    hints.ai_port_space = RDMA_PS_TCP;
-    hints.ai_qp_type = IBV_QPT_RC;
-    rdma_addrinfo* ai = nullptr;
-    check(rdma_getaddrinfo(ip, port, &hints, &ai), "rdma_getaddrinfo");
-    check(rdma_bind_addr(listen_id_, ai->ai_src_addr), "rdma_bind_addr");
-    rdma_freeaddrinfo(ai);
-    pd_ = check_ptr(ibv_alloc_pd(listen_id_->verbs), "ibv_alloc_pd");
+  PooledRawServer(const char* ip, const char* port) : RawListeningServer(ip, port) {
     mr_ = check_ptr(ibv_reg_mr(pd_, buffer_, sizeof buffer_, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr");
-    check(rdma_listen(listen_id_, 0), "rdma_listen");
-    set_nonblocking(ch_->fd);
-    add(ch_->fd, 1);
   }
   /// Connections whose client's 8-byte send arrived (each one's QP carried data).
   long received() const { return received_.load(std::memory_order_acquire); }
   ~PooledRawServer() override {
     for (PooledQueues q : pool_) free_pooled_queues(q);
     ibv_dereg_mr(mr_);
-    rdma_destroy_id(listen_id_);
-    ibv_dealloc_pd(pd_);
-    rdma_destroy_event_channel(ch_);
   }
 
  private:
@@ -335,9 +324,6 @@ class PooledRawServer : public ServerBase {
       }
     }
   }
-  rdma_event_channel* ch_ = nullptr;
-  rdma_cm_id* listen_id_ = nullptr;
-  ibv_pd* pd_ = nullptr;
   ibv_mr* mr_ = nullptr;
   char buffer_[64] = {};
   std::atomic<long> received_{0};
