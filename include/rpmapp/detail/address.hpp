@@ -128,8 +128,7 @@ struct SocketAddress {
   }
   /// 0.0.0.0 (the IPv4 wildcard) and `port`.
   static SocketAddress ipv4_any(std::uint16_t port) noexcept {
-    SocketAddress a;
-    a.v4 = {};
+    SocketAddress a;  // zeroed
     a.v4.sin_family = AF_INET;
     a.v4.sin_port = htons(port);
     return a;

@@ -81,17 +81,20 @@ inline bool reuses_cqs(const ConnectionCore& core) noexcept {
          core.peer->seam == core.seam;
 }
 
-/// Polls `cq` (its queue pair destroyed) until it is empty, then keeps it as a spare of
-/// `core`'s peer; destroys it instead when polling fails or the peer has enough spares.
-inline void give_back_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_t size,
-                         FirstError& first) noexcept {
+/// Releases `core`'s CQ `cq` of `size` entries, its queue pair destroyed: with
+/// reuse_completion_queues, polls it until it is empty and keeps it as a spare of the peer;
+/// else, or when polling fails or the peer has enough spares, destroys it.
+inline void release_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_t size,
+                       FirstError& first) noexcept {
   const Provider& p = *core.seam;
-  ibv_wc left[16];
-  int n = 0;
-  while ((n = p.poll_cq(cq, 16, left)) > 0) {
+  if (reuses_cqs(core)) {
+    ibv_wc left[16];
+    int n = 0;
+    while ((n = p.poll_cq(cq, 16, left)) > 0) {
+    }
+    if (n >= 0 && core.peer->keep_spare_cq(cq, size, core.config.completion_vector)) return;
   }
-  if (n < 0 || !core.peer->keep_spare_cq(cq, size, core.config.completion_vector))
-    first.value_call(p.destroy_cq(cq), "ibv_destroy_cq");
+  first.value_call(p.destroy_cq(cq), "ibv_destroy_cq");
 }
 
 /// Releases everything `core` owns, in teardown order, reporting the first failure (the
@@ -101,15 +104,8 @@ inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
   const Provider& p = *core.seam;
   FirstError first{by};
   if (core.qp) p.destroy_qp(core.qp.release());
-  const bool spare_cqs = reuses_cqs(core);
-  if (core.rcq) {
-    if (spare_cqs) give_back_cq(core, core.rcq.release(), core.config.rcq_size, first);
-    else first.value_call(p.destroy_cq(core.rcq.release()), "ibv_destroy_cq");
-  }
-  if (core.cq) {
-    if (spare_cqs) give_back_cq(core, core.cq.release(), core.config.cq_size, first);
-    else first.value_call(p.destroy_cq(core.cq.release()), "ibv_destroy_cq");
-  }
+  if (core.rcq) release_cq(core, core.rcq.release(), core.config.rcq_size, first);
+  if (core.cq) release_cq(core, core.cq.release(), core.config.cq_size, first);
   if (core.rcq_channel)
     first.value_call(p.destroy_comp_channel(core.rcq_channel.release()),
                      "ibv_destroy_comp_channel");
@@ -220,17 +216,18 @@ inline expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uin
   return {};
 }
 
-/// `core`'s CQ of `size` entries on its completion channel (none without
-/// completion_channel): one of its peer's spares with reuse_completion_queues, else a new one.
+/// A CQ of `size` entries for `core` on `channel` (null without completion_channel): one of
+/// its peer's spares with reuse_completion_queues (which has no channel), else a new one.
 /// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
-inline expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size) noexcept {
-  if (reuses_cqs(core) && core.id->verbs == core.peer->context) {
+inline expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size,
+                              ibv_comp_channel* channel) noexcept {
+  if (reuses_cqs(core)) {
     if (ibv_cq* spare = core.peer->take_spare_cq(size, core.config.completion_vector)) {
       out.reset(spare);
       return {};
     }
   }
-  return make_cq(out, core.id->verbs, size, core.comp_channel.get(), core.config.completion_vector);
+  return make_cq(out, core.id->verbs, size, channel, core.config.completion_vector);
 }
 
 inline expected<void> check_private_data(const char* call, std::span<const std::byte> data,
@@ -252,7 +249,7 @@ inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg)
                         cfg.completion_vector, verbs->num_comp_vectors));
   if (cfg.completion_channel)
     if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
-  if (auto ok = open_cq(core, core.cq, cfg.cq_size); !ok) return ok;
+  if (auto ok = open_cq(core, core.cq, cfg.cq_size, core.comp_channel.get()); !ok) return ok;
   const bool srq_has_cq = core.srq && core.srq->rcq;
   if (cfg.rcq_size > 0 && !srq_has_cq) {
     ibv_comp_channel* channel = core.comp_channel.get();
@@ -260,11 +257,7 @@ inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg)
       if (auto ok = make_comp_channel(core.rcq_channel, verbs); !ok) return ok;
       channel = core.rcq_channel.get();
     }
-    if (channel == nullptr) {
-      if (auto ok = open_cq(core, core.rcq, cfg.rcq_size); !ok) return ok;
-    } else if (auto ok = make_cq(core.rcq, verbs, cfg.rcq_size, channel, cfg.completion_vector); !ok) {
-      return ok;
-    }
+    if (auto ok = open_cq(core, core.rcq, cfg.rcq_size, channel); !ok) return ok;
   }
   ibv_qp_init_attr_ex attr{};
   attr.send_cq = core.cq.get();
