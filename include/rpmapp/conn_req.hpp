@@ -326,13 +326,10 @@ class PendingConnReq {
       if (core_->id->verbs != core_->peer->context)
         return detail::fail(detail::context_mismatch(call, "the address is reached through",
                                                      core_->id->verbs, core_->peer->context));
-      auto device = detail::device_name(core_->id->verbs);
-      return detail::no_throw(call, [&]() -> expected<bool> {
-        core_->device = std::string(device);
-        if (auto made = detail::create_queues(*core_, core_->config); !made)
-          return detail::fail(made.error());
-        return true;
-      });
+      core_->device = detail::device_name(core_->id->verbs);
+      if (auto made = detail::create_queues(*core_, core_->config); !made)
+        return detail::fail(made.error());
+      return true;
     }
     int e = event.status < 0 ? -event.status : (event.status > 0 ? event.status : EPROTO);
     return detail::fail(detail::make_error(errc::provider, e, resolving_call(), "event {}",

@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
-#include <string>
+#include <string_view>
 #include <vector>
 
 RPMAPP_BEGIN_NAMESPACE
@@ -36,7 +36,8 @@ struct ConnectionCore {
   CompletionQueue rcq;
   QueuePairOf qp;
   std::vector<std::byte> private_data;
-  std::string device;
+  /// The device's name, in its ibv_device: valid while `id` holds librdmacm's device.
+  std::string_view device;
   ConnConfig config;
   std::uint32_t max_inline_data = 0;  // as the queue pair was created
   bool direct_write_to_pmem = false;  // the peer's (Conn::apply_remote_peer_config)

@@ -350,7 +350,7 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
   if (!core->peer)
     return fail(invalid(call, "a request arrived on device {}, for which the endpoint has no peer",
                         device));
-  core->device = std::string(device);
+  core->device = device;
   if (auto ok = attach_srq(call, *core, config); !ok) return fail(ok.error());
   if (auto made = create_queues(*core, config); !made) return fail(made.error());
   core->config.srq = nullptr;  // the queue is held by core->srq from here on
