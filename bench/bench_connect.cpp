@@ -28,6 +28,12 @@
 //        bench_connect pool [reps] [K]  K sequential raw connections against K with a CQ and
 //                                        a QP kept across connections (PooledRawServer and
 //                                        seq_raw_pooled): what a pool of queues gives
+//                                        when a QP is reused as soon as its connection
+//                                        is closed, before the CM's time-wait ends
+//        bench_connect timewait [N]      N sequential raw connections whose client waits,
+//                                        after DISCONNECTED, for TIMEWAIT_EXIT: prints M
+//                                        lines timewait_ms (median) and timewait_range_ms,
+//                                        how long a pooled QP must wait before its reuse
 // Prints R lines (common.hpp): connections per second, measured from the first connect
 // until the client saw every connection closed and the server released all of them.
 #include "anchors.hpp"
@@ -128,8 +134,12 @@ rdma_cm_id* raw_routed_id(rdma_event_channel* ch, const char* port) {
   return id;
 }
 
-/// Raw blocking client: one event channel (created once) for every connection.
-void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
+/// Raw blocking client: one event channel (created once) for every connection. With
+/// `timewait_ms`, the client keeps its id after DISCONNECTED until rdma_cm reports
+/// TIMEWAIT_EXIT (the queue pair may be reused from then on) and stores the time between
+/// the two there (bench_connect timewait).
+void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port,
+             double* timewait_ms = nullptr) {
   rdma_cm_id* id = raw_routed_id(ch, port);
   ibv_cq* cq = check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
   ibv_qp_init_attr attr = raw_qp_attr(cq);
@@ -139,6 +149,13 @@ void seq_raw(rdma_event_channel* ch, ibv_pd* pd, const char* port = raw_port) {
   if (raw_wait(ch) != RDMA_CM_EVENT_ESTABLISHED) die("raw", "not established");
   check(rdma_disconnect(id), "rdma_disconnect");
   if (raw_wait(ch) != RDMA_CM_EVENT_DISCONNECTED) die("raw", "not closed");
+  if (timewait_ms != nullptr) {
+    const double t0 = now_s();
+    pollfd pfd{ch->fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 30000) != 1) die("timewait", "no TIMEWAIT_EXIT within 30 s");
+    if (raw_wait(ch) != RDMA_CM_EVENT_TIMEWAIT_EXIT) die("timewait", "another event than TIMEWAIT_EXIT");
+    *timewait_ms = (now_s() - t0) * 1e3;
+  }
   rdma_destroy_qp(id);
   check(ibv_destroy_cq(cq), "ibv_destroy_cq");
   check(rdma_destroy_id(id), "rdma_destroy_id");
@@ -372,8 +389,8 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
   if (inflights.empty()) inflights = {1, 4, 16, 64};
   if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one" &&
-      mode != "queues" && mode != "pool")
-    die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K");
+      mode != "queues" && mode != "pool" && mode != "timewait")
+    die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K | queues|pool [reps] [K] | timewait [N]");
   auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
   ip = anchor_ip;
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
@@ -481,6 +498,26 @@ int main(int argc, char** argv) {
     plain.reset();
     pooled.reset();
     for (PooledQueues q : pool) free_pooled_queues(q);
+    finish();
+    return 0;
+  }
+
+  if (mode == "timewait") {  // argv: timewait [N]
+    auto server = std::make_unique<RawServer>(ip, raw_port);
+    server->start();
+    const int n = argc > 2 ? std::atoi(argv[2]) : 3;
+    std::vector<double> waits;
+    for (int i = 0; i < n; ++i) {
+      double ms = 0;
+      seq_raw(raw_ch, pd, raw_port, &ms);
+      waits.push_back(ms);
+    }
+    await_server(*server, n);
+    std::sort(waits.begin(), waits.end());
+    std::printf("M\ttimewait_ms\t%.0f\nM\ttimewait_range_ms\t%.0f-%.0f over %d connections\n",
+                waits[waits.size() / 2], waits.front(), waits.back(), n);
+    server->stop();
+    server.reset();
     finish();
     return 0;
   }

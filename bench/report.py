@@ -693,6 +693,20 @@ def main():
                     f"sequential raw connection {c:.0f} µs (medians); both sides create and destroy "
                     f"theirs, {100 * 2 * q / c:.0f}% of a connection's time if the two sides did not "
                     "overlap.\n\n")
+        if "timewait_ms" in meta:
+            tw = float(meta["timewait_ms"])
+            seq = [g for k, g in groups.items() if k[0] == "seq" and "rpmapp" in g]
+            rate = summary(seq[0]["rpmapp"])[0] if seq else float("nan")
+            f.write("How long a QP must wait before a pool may reuse it (`bench_connect timewait`, "
+                    "same VM): rdma_cm reports `TIMEWAIT_EXIT`, the point from which rdma_get_cm_event(3) "
+                    f"lets a QP be used again, {tw:.0f} ms after `DISCONNECTED` (median; "
+                    f"{meta.get('timewait_range_ms', '')}). The pooled run above reuses each QP a few "
+                    "ms after its connection closed, inside the CM's time-wait, which exists so that "
+                    "packets of the old connection still in flight cannot reach the new one on the "
+                    "same QP number. A pool that waits the time-wait out holds every released QP "
+                    f"for {tw / 1000:.1f} s: at row 2's rate ({rate:.0f} conn/s) that is about "
+                    f"{rate * tw / 1000:.0f} QPs held before the first reuse, each with its CQ and "
+                    "queues; a run of row 2's length would reuse none.\n\n")
         if conc_sys_md:
             f.write("The same with 64 connections in flight, as row 3's C=64 (`bench_connect one VARIANT "
                     "K 64`, rpmapp in row 3's configuration; 128 and 384 connections):\n\n"
