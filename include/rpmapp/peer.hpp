@@ -111,9 +111,8 @@ struct PeerState {
   }
 
   /// Closes the spare event channels, destroys the spare CQs, deregisters the flush
-  /// buffer and deallocates the
-  /// domain, reporting the first failure
-  /// (the rest is still released). Idempotent.
+  /// buffer and deallocates the domain, reporting the first failure (the rest is still
+  /// released). Idempotent.
   expected<void> release(Teardown by) noexcept {
     // libibverbs' destroy calls return the errno value instead of setting errno
     FirstError first{by};

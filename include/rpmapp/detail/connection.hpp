@@ -76,10 +76,10 @@ inline bool reuses_channels(const ConnectionCore& core) noexcept {
 }
 
 /// Whether `core`'s CQs come from and go back to its peer's spares
-/// (ConnConfig::reuse_completion_queues, which needs CQs without a completion channel).
+/// (ConnConfig::reuse_completion_queues; check_config has refused it with a completion
+/// channel).
 inline bool reuses_cqs(const ConnectionCore& core) noexcept {
-  return core.config.reuse_completion_queues && !core.config.completion_channel && core.peer &&
-         core.peer->seam == core.seam;
+  return core.config.reuse_completion_queues && core.peer && core.peer->seam == core.seam;
 }
 
 /// Releases `core`'s CQ `cq` of `size` entries, its queue pair destroyed: with
