@@ -5,7 +5,12 @@
 #include <rpmapp/expected.hpp>
 #include <rpmapp/version.hpp>
 
+// fmt 11 on: <fmt/base.h> has what rpmapp uses (its <fmt/core.h> is all of <fmt/format.h>)
+#if __has_include(<fmt/base.h>)
+#include <fmt/base.h>
+#else
 #include <fmt/core.h>
+#endif
 
 #include <algorithm>
 #include <cstddef>
@@ -189,8 +194,47 @@ template <> struct fmt::formatter<rpmapp::Error> {
   }
 };
 
-template <> struct fmt::formatter<rpmapp::errc> : fmt::formatter<std::string_view> {
-  template <class Ctx> auto format(rpmapp::errc c, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(rpmapp::to_string(c), ctx);
+/// errc formats as its name (to_string) with a string's format spec ("{:>15}"). The spec is
+/// kept as text and applied with fmt::format_to and fmt::runtime, which fmt 9 to 12 declare in
+/// the header rpmapp includes (fmt 10's <fmt/core.h> declares its string_view formatter's
+/// format() but defines it only in <fmt/format.h>). A spec a string does not take is reported
+/// when formatting (fmt::format_error); nested fields ("{:{}}") and specs over 29 characters
+/// are refused at parse time (at compile time for a checked format string).
+template <> struct fmt::formatter<rpmapp::errc> {
+  constexpr auto parse(format_parse_context& ctx) {
+    auto it = ctx.begin();
+    for (; it != ctx.end() && *it != '}'; ++it) {
+      if (*it == '{' || size_ == sizeof spec_ - 1) {
+        refuse(ctx, "rpmapp::errc: nested or over-long format spec");
+        return it;
+      }
+      spec_[size_++] = *it;
+    }
+    spec_[size_++] = '}';
+    return it;
   }
+  template <class Ctx> auto format(rpmapp::errc c, Ctx& ctx) const {
+    const std::string_view name = rpmapp::to_string(c);
+    if (size_ == 3) return std::copy(name.begin(), name.end(), ctx.out());   // "{:}": no spec
+    return fmt::format_to(ctx.out(), fmt::runtime(fmt::string_view(spec_, size_)), name);
+  }
+
+ private:
+  // fmt's own way of failing a parse, by version: report_error (11 on), throw_format_error
+  // (10.1, 10.2), the parse context's on_error (9; 10.0 documents it but lacks it, so its
+  // internal thrower). Not constexpr: reached only on a bad spec, which is then a compile error
+  // for a checked format string.
+  static void refuse([[maybe_unused]] format_parse_context& ctx, const char* why) {
+#if FMT_VERSION >= 110000
+    fmt::report_error(why);
+#elif FMT_VERSION >= 100100
+    fmt::throw_format_error(why);
+#elif FMT_VERSION >= 100000
+    fmt::detail::throw_format_error(why);
+#else
+    ctx.on_error(why);
+#endif
+  }
+  char spec_[32] = {'{', ':'};
+  std::size_t size_ = 2;
 };

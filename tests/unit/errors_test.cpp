@@ -99,6 +99,14 @@ TEST_CASE("fmt formats Error and errc", "[error]") {
   CHECK(fmt::format("{}", e) == e.message());
   CHECK(fmt::format("[{}]", errc::no_event) == "[no next event available]");
   CHECK(fmt::format("{:>15}", errc::nomem) == "  out of memory");
+  CHECK(fmt::format("{:*^17}|{:.3}", errc::nomem, errc::inval) == "**out of memory**|inv");
+  // what a string does not take fails at run time (the spec is applied with fmt::runtime);
+  // nested fields and over-long specs fail in parse
+  CHECK_THROWS_AS(fmt::format(fmt::runtime("{:d}"), errc::nomem), fmt::format_error);
+  CHECK_THROWS_AS(fmt::format(fmt::runtime("{:{}}"), errc::nomem, 3), fmt::format_error);
+  CHECK_THROWS_AS(fmt::format(fmt::runtime("{:>" + std::string(40, '9') + "}"), errc::nomem),
+                  fmt::format_error);
+  CHECK(fmt::format("{:>29}", errc::nomem).size() == 29);   // 3 characters of spec: kept
 }
 
 TEST_CASE("Error is a small value type that does not allocate", "[error]") {
