@@ -80,10 +80,6 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-/// Makes the fake provider's Catch2 assertions usable outside a Catch2 run: a passing one
-/// counts nothing, a failing one (a misuse the fake detects) aborts with its expression.
-void install_catch_capture();
-
 /// A log function that checks every message the library logs is non-empty (and names
 /// where it comes from), at every level, so that the logging paths are exercised too.
 void check_logs();

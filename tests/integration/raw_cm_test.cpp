@@ -1,7 +1,7 @@
 // Raw librdmacm (no rpmapp) over the real RDMA stack: proves that the harness
 // provides a working rdma_cm before any rpmapp test relies on it.
 // Needs $SOFTROCE_IP (set by tools/rpmapp-vm); fails, never skips, without it.
-#include <catch2/catch.hpp>
+#include "catch2_compat.hpp"
 
 #include <rdma/rdma_cma.h>
 

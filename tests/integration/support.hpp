@@ -6,7 +6,7 @@
 // this.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch2_compat.hpp"
 
 #include <rpmapp/rpmapp.hpp>
 

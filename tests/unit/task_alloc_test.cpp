@@ -8,7 +8,7 @@
 #include <rpmapp/event_loop.hpp>
 #include <rpmapp/task.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch2_compat.hpp"
 
 #include <atomic>
 #include <cstdlib>

@@ -5,7 +5,7 @@
 
 #include <rpmapp/rpmapp.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch2_compat.hpp"
 
 #include <array>
 #include <cerrno>
