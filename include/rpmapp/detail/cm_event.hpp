@@ -151,7 +151,9 @@ inline expected<void> ack(CmEvent& event) noexcept {
 }
 
 inline const char* event_name(rdma_cm_event_type type) noexcept {
-  switch (type) {
+  // an int: rdma-core adds event types (65 has 20, 44 had 16), and a switch over the enum
+  // would not build with -Werror=switch against a newer librdmacm
+  switch (static_cast<int>(type)) {
     case RDMA_CM_EVENT_ADDR_RESOLVED: return "ADDR_RESOLVED";
     case RDMA_CM_EVENT_ADDR_ERROR: return "ADDR_ERROR";
     case RDMA_CM_EVENT_ROUTE_RESOLVED: return "ROUTE_RESOLVED";
@@ -168,6 +170,12 @@ inline const char* event_name(rdma_cm_event_type type) noexcept {
     case RDMA_CM_EVENT_MULTICAST_ERROR: return "MULTICAST_ERROR";
     case RDMA_CM_EVENT_ADDR_CHANGE: return "ADDR_CHANGE";
     case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "TIMEWAIT_EXIT";
+    // events added after rdma-core 56 (65 has them: rdma_resolve_addrinfo and librdmacm's
+    // own; rdma_cma.h's numbering), never reported on the ids rpmapp makes
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT + 1: return "ADDRINFO_RESOLVED";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT + 2: return "ADDRINFO_ERROR";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT + 3: return "USER";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT + 4: return "INTERNAL";
   }
   return "UNKNOWN_EVENT";
 }
