@@ -28,7 +28,7 @@ enum Call : unsigned char {
   c_disconnect, c_get_devices, c_free_devices, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
   c_destroy_comp_channel, c_create_cq, c_destroy_cq, c_req_notify_cq, c_fcntl, c_poll,
   c_query_device_ex, c_reg_mr, c_dereg_mr, c_advise_mr, c_create_qp_ex, c_post_send, c_post_recv,
-  c_post_srq_recv, c_post_atomic_write, c_poll_cq, c_get_cq_event, c_ack_cq_events, c_create_srq,
+  c_post_srq_recv, c_post_atomic_write, c_post_flush, c_poll_cq, c_get_cq_event, c_ack_cq_events, c_create_srq,
   c_destroy_srq,
 };
 
@@ -414,6 +414,13 @@ inline const rpmapp::detail::Provider provider = {
     [](ibv_qp*, uint64_t wr_id, unsigned flags, uint32_t, uint64_t, const void*) {
       note(c_post_atomic_write);
       if (flags & IBV_SEND_SIGNALED) complete(wr_id, IBV_WC_ATOMIC_WRITE, 8);
+      return 0;
+    },
+    // post_flush
+    [](ibv_qp*, uint64_t wr_id, unsigned flags, uint32_t, uint64_t, size_t, uint8_t, uint8_t) {
+      note(c_post_flush);
+      if (flags & IBV_SEND_SIGNALED)
+        complete(wr_id, static_cast<ibv_wc_opcode>(rpmapp::detail::native_flush_abi::wc_flush), 0);
       return 0;
     },
     // poll_cq: up to n completions from the ring

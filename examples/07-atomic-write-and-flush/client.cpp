@@ -77,18 +77,22 @@ int main(int argc, char** argv) {
       !ok)
     return example::fail(ok.error());
 
-  // The flush is an RDMA READ (librpma's emulation): it completes after the writes before
-  // it. A failure of an earlier step would come first, with its own id.
+  // The flush completes after the writes before it: an RDMA FLUSH where the Peer flushes
+  // natively (librpma 1.3's way), else an RDMA READ (librpma 1.2's emulation). A failure of
+  // an earlier step would come first, with its own id.
+  auto flushed = example::flush_completion(*peer);
+  if (!flushed) return example::fail(flushed.error());
   auto cq = conn->cq();
   if (!cq) return example::fail(cq.error());
-  auto wc = example::next_completion(*cq, IBV_WC_RDMA_READ);
+  auto wc = example::next_completion(*cq, *flushed);
   if (!wc) return example::fail(wc.error());
   if (wc->wr_id != marker_flush_id) {
     fmt::print(stderr, "error: completion for wr_id {}, not the marker's flush\n", wc->wr_id);
     return 1;
   }
   fmt::print("wrote and flushed \"{}\" ({} bytes with its NUL)\n", payload, len);
-  fmt::print("atomic write ({}) of the marker \"ready\" flushed\n", *native ? "native" : "emulated");
+  fmt::print("atomic write ({}) of the marker \"ready\" flushed ({})\n", *native ? "native" : "emulated",
+             *flushed == IBV_WC_RDMA_READ ? "emulated" : "native");
 
   if (auto ok = example::disconnect_and_close(*conn); !ok) return example::fail(ok.error());
   return 0;

@@ -26,12 +26,12 @@ int main(int argc, char** argv) {
   if (!peer) return example::fail(peer.error());
 
   // Ordinary DRAM, so writes do not reach persistent memory directly: the client may only
-  // flush for visibility. A server on PMem with DDIO off would say true here.
+  // flush for visibility. A server on PMem with DDIO off would say true here and register
+  // for flush_persistent too (a device that flushes natively refuses that for DRAM).
   const rpmapp::PeerConfig config{.direct_write_to_pmem = false};
   alignas(8) std::array<std::byte, 4096> memory{};
   auto mr = rpmapp::MrLocal::reg(*peer, memory,
-                                 rpmapp::MrUsage::write_dst | rpmapp::MrUsage::flush_visibility |
-                                     rpmapp::MrUsage::flush_persistent);
+                                 rpmapp::MrUsage::write_dst | rpmapp::MrUsage::flush_visibility);
   if (!mr) return example::fail(mr.error());
   auto data = example::common_data_for(*mr, payload_offset, config);
   if (!data) return example::fail(data.error());

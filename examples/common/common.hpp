@@ -234,6 +234,14 @@ inline rpmapp::Error unexpected_completion(const ibv_wc& wc, std::string_view wa
                                    rpmapp::to_string(wc.opcode), wc.wr_id));
 }
 
+/// The opcode of a flush's completion on `peer`: IBV_WC_FLUSH (8; rdma-core 45 on) where
+/// the Peer flushes natively, else IBV_WC_RDMA_READ (librpma 1.2's emulation).
+inline rpmapp::expected<ibv_wc_opcode> flush_completion(const rpmapp::Peer& peer) {
+  auto native = peer.native_flush();
+  if (!native) return rpmapp::unexpected(native.error());
+  return *native ? static_cast<ibv_wc_opcode>(8) : IBV_WC_RDMA_READ;
+}
+
 /// As next_completion, and checks that it is `opcode`.
 inline rpmapp::expected<ibv_wc> next_completion(rpmapp::Cq& cq, ibv_wc_opcode opcode) {
   auto wc = next_completion(cq);

@@ -307,9 +307,14 @@ class Conn {
     return detail::atomic_write("Conn::atomic_write", *core_, dst, dst_offset, value, when, context);
   }
   /// Makes the writes to [dst_offset, dst_offset + len) of the peer's `dst` visible or
-  /// persistent when it completes (librpma's rpma_flush). Emulated as librpma 1.2 does (and
-  /// as 1.3 does without a native flush, which rdma-core 44 has no API for): an RDMA READ
-  /// of up to 8 bytes at `dst_offset` into the Peer's flush buffer.
+  /// persistent when it completes (librpma's rpma_flush). Native where Peer::native_flush()
+  /// (an RDMA FLUSH of the range, as librpma 1.3; its completion's opcode is IBV_WC_FLUSH,
+  /// 8); otherwise emulated as librpma 1.2 does: an RDMA READ of up to 8 bytes at
+  /// `dst_offset` into the Peer's flush buffer (opcode IBV_WC_RDMA_READ). A native flush
+  /// needs the peer's region registered with the flush right (a peer that flushes natively
+  /// registers so; one that emulates, librpma 1.2 or rpmapp on rdma-core 44, does not: the
+  /// flush then completes with a remote access error).
+  /// Errors: provider (ibv_post_send, or ibv_wr_complete for a native flush).
   /// Errors: also nosupp (as librpma): persistent without the peer's direct_write_to_pmem
   /// (apply_remote_peer_config), or a region the peer did not register for that flush type.
   expected<void> flush(const MrRemote& dst, std::size_t dst_offset, std::size_t len, FlushType type,

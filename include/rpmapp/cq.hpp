@@ -5,6 +5,7 @@
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/source_link.hpp>
+#include <rpmapp/detail/verbs_abi.hpp>
 #include <rpmapp/error.hpp>
 
 #include <arpa/inet.h>
@@ -22,7 +23,7 @@ inline std::string_view to_string(ibv_wc_status status) noexcept { return ibv_wc
 
 /// The name of a work completion's opcode, e.g. "read", "recv_rdma_with_imm".
 constexpr std::string_view to_string(ibv_wc_opcode opcode) noexcept {
-  switch (opcode) {
+  switch (static_cast<int>(opcode)) {  // an int: IBV_WC_FLUSH is not in rdma-core 44's enum
     case IBV_WC_SEND: return "send";
     case IBV_WC_RDMA_WRITE: return "write";
     case IBV_WC_RDMA_READ: return "read";
@@ -32,6 +33,7 @@ constexpr std::string_view to_string(ibv_wc_opcode opcode) noexcept {
     case IBV_WC_LOCAL_INV: return "local_inv";
     case IBV_WC_TSO: return "tso";
     case IBV_WC_ATOMIC_WRITE: return "atomic_write";
+    case detail::native_flush_abi::wc_flush: return "flush";
     case IBV_WC_RECV: return "recv";
     case IBV_WC_RECV_RDMA_WITH_IMM: return "recv_rdma_with_imm";
     default: return "unknown opcode";

@@ -1,6 +1,7 @@
 // rpmapp::MrUsage: what a memory region is registered for (librpma's RPMA_MR_USAGE_*).
 #pragma once
 
+#include <rpmapp/detail/verbs_abi.hpp>
 #include <rpmapp/version.hpp>
 
 #include <infiniband/verbs.h>
@@ -45,11 +46,16 @@ namespace detail {
 /// REMOTE_READ (so do flushes: the emulated flush is a read), a READ destination needs
 /// LOCAL_WRITE (and REMOTE_WRITE on iWARP, whose READ is a WRITE the other way), a WRITE
 /// target REMOTE_WRITE (which requires LOCAL_WRITE), a receive LOCAL_WRITE; a send needs
-/// nothing. WRITE_SRC gets LOCAL_WRITE as in librpma.
-constexpr int access_for(MrUsage usage, bool iwarp) noexcept {
+/// nothing. WRITE_SRC gets LOCAL_WRITE as in librpma. On a device that flushes natively
+/// (`native_flush`) a flush usage also gets IBV_ACCESS_FLUSH_GLOBAL (visibility) or
+/// _PERSISTENT, as librpma 1.3 gives, and keeps REMOTE_READ (librpma 1.3 drops it) so that
+/// a peer that emulates flushes (librpma 1.2, an rdma-core before 45) can still flush.
+constexpr int access_for(MrUsage usage, bool iwarp, bool native_flush = false) noexcept {
   int access = 0;
   if (has_any(usage, MrUsage::read_src | MrUsage::flush_visibility | MrUsage::flush_persistent))
     access |= IBV_ACCESS_REMOTE_READ;
+  if (native_flush && has(usage, MrUsage::flush_visibility)) access |= native_flush_abi::access_flush_global;
+  if (native_flush && has(usage, MrUsage::flush_persistent)) access |= native_flush_abi::access_flush_persistent;
   if (has(usage, MrUsage::read_dst)) {
     access |= IBV_ACCESS_LOCAL_WRITE;
     if (iwarp) access |= IBV_ACCESS_REMOTE_WRITE;

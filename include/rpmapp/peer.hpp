@@ -36,6 +36,7 @@ struct PeerState {
   bool iwarp = false;                // READ destinations need REMOTE_WRITE too
   bool odp = false;                  // on-demand paging for RC reads and writes
   bool native_atomic_write = false;  // IBV_WR_ATOMIC_WRITE
+  bool native_flush = false;         // ibv_wr_flush, both flush types (rdma-core 45 on)
   ProtectionDomain pd;
   // Where emulated flushes read to: one page, registered once per Peer, shared by its
   // connections (what lands there is never looked at).
@@ -134,19 +135,19 @@ struct PeerState {
   }
 };
 
-/// IB_UVERBS_DEVICE_ATOMIC_WRITE in device_cap_flags_ex (rdma-core 44 has no name for it
-/// in <infiniband/verbs.h>).
-inline constexpr std::uint64_t device_atomic_write_flag = 1ull << 40;
-
 /// Registers `size` bytes at `addr` for `usage` on `peer`, retrying with on-demand paging
 /// when the device refuses the memory with EOPNOTSUPP and supports ODP (librpma's rule:
 /// FSDAX memory). Errors: provider / nomem (ibv_reg_mr, errno in the Error).
 inline expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
                                               std::size_t size, MrUsage usage) noexcept {
   const Provider& p = provider();
-  const int access = access_for(usage, peer.iwarp);
+  const int access = access_for(usage, peer.iwarp, peer.native_flush);
   errno = 0;
   ibv_mr* mr = p.reg_mr(peer.pd.get(), addr, size, access);
+  if (mr == nullptr && errno == EINVAL && (access & native_flush_abi::access_flush_persistent))
+    return fail(provider_error("ibv_reg_mr", EINVAL,
+                               "the device flushes natively and refuses flush_persistent for "
+                               "memory that is not persistent (rxe: only pmem pages)"));
   if (mr == nullptr && errno == EOPNOTSUPP && peer.odp) {
     errno = 0;
     mr = p.reg_mr(peer.pd.get(), addr, size, access | IBV_ACCESS_ON_DEMAND);
@@ -211,6 +212,11 @@ class Peer {
       state->odp = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0 &&
                    (rc_odp & IBV_ODP_SUPPORT_READ) != 0 && (rc_odp & IBV_ODP_SUPPORT_WRITE) != 0;
       state->native_atomic_write = (attr.device_cap_flags_ex & detail::device_atomic_write_flag) != 0;
+      // librpma 1.3's rule: native flush only when the device has both types
+      constexpr std::uint64_t both_flushes = detail::native_flush_abi::device_flush_global |
+                                             detail::native_flush_abi::device_flush_persistent;
+      state->native_flush = detail::build_has_native_flush &&
+                            (attr.device_cap_flags_ex & both_flushes) == both_flushes;
       state->iwarp = context->device != nullptr &&
                      context->device->transport_type == IBV_TRANSPORT_IWARP;
       errno = 0;
@@ -329,6 +335,15 @@ class Peer {
   expected<bool> native_atomic_write() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Peer::native_atomic_write"));
     return state_->native_atomic_write;
+  }
+  /// Whether Conn::flush runs natively (RDMA FLUSH, ibv_wr_flush): the build's rdma-core
+  /// has it (45 on) and the device reports both flush types (IB_UVERBS_DEVICE_FLUSH_GLOBAL
+  /// and _PERSISTENT; rxe from kernel 6.2), as librpma 1.3 decides. Otherwise a flush is
+  /// emulated with an RDMA READ, as librpma 1.2 does. It also decides how regions are
+  /// registered for flushes (MrUsage). Errors: inval when empty.
+  expected<bool> native_flush() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Peer::native_flush"));
+    return state_->native_flush;
   }
   /// The device's name, e.g. "rxe0". Errors: inval when empty.
   expected<std::string> device_name() const noexcept {

@@ -14,6 +14,7 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -52,6 +54,27 @@ constexpr std::size_t dst_offset = 27;
 
 constexpr MrUsage server_usage = MrUsage::read_src | MrUsage::write_dst | MrUsage::flush_visibility |
                                  MrUsage::flush_persistent | MrUsage::send | MrUsage::recv;
+// A Peer that flushes natively cannot register DRAM for persistent flushes (rxe: pmem pages
+// only): the server's region then has every usage but that one.
+MrUsage server_usage_on(const rpmapp::Peer& peer) {
+  constexpr MrUsage without_persistent =
+      MrUsage::read_src | MrUsage::write_dst | MrUsage::flush_visibility | MrUsage::send | MrUsage::recv;
+  return MUST(peer.native_flush()) ? without_persistent : server_usage;
+}
+// What a flush's completion says: RDMA FLUSH natively, else the emulation's RDMA READ.
+ibv_wc_opcode flush_opcode(const rpmapp::Peer& peer) {
+  return MUST(peer.native_flush()) ? static_cast<ibv_wc_opcode>(rpmapp::detail::native_flush_abi::wc_flush)
+                                   : IBV_WC_RDMA_READ;
+}
+
+// The guest kernel's major and minor version (uname -r).
+std::pair<int, int> kernel_version() {
+  utsname u{};
+  REQUIRE(uname(&u) == 0);
+  int major = 0, minor = 0;
+  REQUIRE(std::sscanf(u.release, "%d.%d", &major, &minor) == 2);
+  return {major, minor};
+}
 constexpr MrUsage client_usage = MrUsage::read_dst | MrUsage::write_src | MrUsage::send | MrUsage::recv;
 
 using Bytes = std::vector<std::byte>;
@@ -142,7 +165,7 @@ struct Link {
         ep(MUST(Endpoint::listen(server_peer, ip, "0"))),
         server_mem(region_size),
         client_mem(region_size),
-        server_mr(MUST(MrLocal::reg(server_peer, server_mem, server_usage))),
+        server_mr(MUST(MrLocal::reg(server_peer, server_mem, server_usage_on(server_peer)))),
         client_mr(MUST(MrLocal::reg(client_peer, client_mem, client_usage))),
         client(start_client(client_peer, ip, port_text(ep), {}, client_cfg)),
         server(MUST(take_request(ep, server_cfg).connect(accept_data(server_mr, server_config)))) {
@@ -327,10 +350,31 @@ TEST_CASE("atomic_write puts 8 bytes at an aligned offset and nothing else", "[d
   link.close();
 }
 
+TEST_CASE("atomic write and flush run natively exactly where the kernel's rxe has them (6.2 on)",
+          "[data][native]") {
+  Link link;
+  const auto [major, minor] = kernel_version();
+  const bool rxe_has_them = major > 6 || (major == 6 && minor >= 2);
+  const bool native_atomic = MUST(link.client_peer.native_atomic_write());
+  const bool native_flush = MUST(link.client_peer.native_flush());
+  std::cout << "data_path_test: kernel " << major << '.' << minor << ", rdma-core with ibv_wr_flush: "
+            << (rpmapp::detail::build_has_native_flush ? "yes" : "no") << "; atomic write "
+            << (native_atomic ? "native" : "emulated") << ", flush " << (native_flush ? "native" : "emulated")
+            << '\n';
+  if (MUST(link.client_peer.device_name()).starts_with("rxe")) {
+    CHECK(native_atomic == rxe_has_them);
+    CHECK(native_flush == (rxe_has_them && rpmapp::detail::build_has_native_flush));
+  }
+  // Both sides of the link are on one device: they agree.
+  CHECK(MUST(link.server_peer.native_flush()) == native_flush);
+  link.close();
+}
+
 TEST_CASE("flush: visibility after writes; persistent needs the peer's PeerConfig and the region's "
           "usage",
           "[data][flush]") {
   Link link;
+  const ibv_wc_opcode flushed = flush_opcode(link.client_peer);
   SECTION("visibility completes after unsignaled writes, which then have landed") {
     for (std::size_t n : sizes) {
       INFO("size " << n);
@@ -339,8 +383,8 @@ TEST_CASE("flush: visibility after writes; persistent needs the peer's PeerConfi
       const Bytes expected = with_copy(link.server_mem, dst_offset, link.client_mem, src_offset, n);
       MUST(link.client.write(link.remote, dst_offset, link.client_mr, src_offset, n, Completion::on_error));
       MUST(link.client.flush(link.remote, dst_offset, n, FlushType::visibility, Completion::always, 0x7000 + n));
-      // The only completion is the flush's (an emulated flush is an RDMA READ).
-      expect_done(next_wc(cq_of(link.client), "client"), IBV_WC_RDMA_READ, 0x7000 + n);
+      // The only completion is the flush's (an RDMA FLUSH, or the emulation's READ).
+      expect_done(next_wc(cq_of(link.client), "client"), flushed, 0x7000 + n);
       expect_empty(cq_of(link.client), "client");
       CHECK(first_difference(link.server_mem, expected) == -1);
     }
@@ -353,6 +397,21 @@ TEST_CASE("flush: visibility after writes; persistent needs the peer's PeerConfi
 
     CHECK(link.remote_config.direct_write_to_pmem);
     MUST(link.client.apply_remote_peer_config(link.remote_config));
+    if (MUST(link.server_peer.native_flush())) {
+      // kernel 6.2 on: DRAM cannot be registered for persistent flushes (rxe checks for pmem
+      // pages, EINVAL), so the server's region has no flush_persistent and the flush is
+      // nosupp before posting, as librpma 1.3's would be
+      Bytes dram(4 * KiB);
+      e = MUST_FAIL(MrLocal::reg(link.server_peer, dram, MrUsage::write_dst | MrUsage::flush_persistent));
+      INFO(e.message());
+      CHECK(e.code() == errc::provider);
+      CHECK(e.sys_errno() == EINVAL);
+      CHECK_THAT(e.message(), Catch::Contains("not persistent"));
+      CHECK(MUST_FAIL(link.client.flush(link.remote, 0, 8, FlushType::persistent)).code() == errc::nosupp);
+      expect_empty(cq_of(link.client), "client");
+      link.close();
+      return;
+    }
     fill(link.client_mem, 15);
     fill(link.server_mem, 16);
     const std::size_t n = 4 * KiB;

@@ -260,6 +260,101 @@ TEST_CASE("Conn::flush: an RDMA READ of up to 8 bytes into the Peer's flush buff
   fake.expect_clean();
 }
 
+TEST_CASE("Conn::flush natively: an RDMA FLUSH of the range where the build and the device have it",
+          "[data][flush][native]") {
+  namespace abi = rpmapp::detail::native_flush_abi;
+  fake::FakeProvider fake;
+  fake::DeviceCaps caps;
+  caps.device_cap_flags_ex = fake::DeviceCaps::flush_flags;  // rxe from kernel 6.2
+  fake.set_caps(0, caps);
+  {
+    Setup s(fake, {}, MrUsage::write_src | MrUsage::flush_visibility);
+    if constexpr (!rpmapp::detail::build_has_native_flush) {
+      // rdma-core 44 (Debian 12): no ibv_wr_flush in the build, so every flush is emulated
+      // whatever the device reports, and regions get no flush right
+      CHECK_FALSE(*s.peer.native_flush());
+      CHECK(fake.last_qp_attr_ex.send_ops_flags == 0);  // a plain QP (rdma_create_qp)
+      CHECK(fake.registrations().back().access == (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE));
+      const auto before = fake.posted().size();
+      REQUIRE(s.conn.flush(peer_region, 64, 100, FlushType::visibility));
+      CHECK(only_post(fake, before).opcode == IBV_WR_RDMA_READ);
+    } else {
+      REQUIRE(*s.peer.native_flush());
+      CHECK(fake.last_qp_attr_ex.send_ops_flags == abi::qp_ex_with_flush);
+      // the flush right librpma 1.3 gives, and REMOTE_READ for peers that emulate
+      CHECK(fake.registrations().back().access ==
+            (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE | abi::access_flush_global));
+      auto before = fake.posted().size();
+      REQUIRE(s.conn.flush(peer_region, 128, 4000, FlushType::visibility, Completion::always, 3));
+      auto wr = only_post(fake, before);
+      CHECK(wr.native_flush);
+      CHECK(wr.opcode == abi::wr_flush);
+      CHECK(wr.send_flags == IBV_SEND_SIGNALED);
+      CHECK(wr.remote_addr == 0x7f0000001000ull + 128);
+      CHECK(wr.rkey == 0xabcdef01u);
+      CHECK(wr.wr_id == 3);
+      CHECK(wr.flush_len == 4000);  // the whole range, not 8 bytes
+      CHECK(wr.flush_type == abi::type_global);
+      CHECK(wr.flush_level == abi::level_range);
+      CHECK(wr.sge.empty());
+      fake.complete_sends(s.qp);
+      ibv_wc wc;
+      auto got = s.conn.cq()->get({&wc, 1});
+      REQUIRE(got);
+      REQUIRE(got->size() == 1);
+      CHECK(static_cast<int>(wc.opcode) == abi::wc_flush);
+      CHECK(rpmapp::to_string(wc.opcode) == "flush");
+
+      REQUIRE(s.conn.apply_remote_peer_config(PeerConfig{true}));
+      before = fake.posted().size();
+      REQUIRE(s.conn.flush(peer_region, 0, 8, FlushType::persistent, Completion::on_error));
+      wr = only_post(fake, before);
+      CHECK(wr.flush_type == abi::type_persistent);
+      CHECK(wr.send_flags == 0);
+
+      fake.fail("ibv_wr_complete", kErr);
+      before = fake.posted().size();
+      auto failed = s.conn.flush(peer_region, 0, 8, FlushType::visibility);
+      REQUIRE_FALSE(failed);
+      check_injected(failed.error(), "ibv_wr_complete", kErr);
+      CHECK(posted_since(fake, before).empty());
+
+      // flush_persistent on memory that is not pmem: rxe's EINVAL, with the reason
+      Buffer dram{4096};
+      auto refused = MrLocal::reg(s.peer, dram.data(), dram.size, MrUsage::flush_persistent);
+      REQUIRE_FALSE(refused);
+      CHECK(refused.error().code() == errc::provider);
+      CHECK(refused.error().sys_errno() == EINVAL);
+      CHECK_THAT(refused.error().message(), Catch::Contains("not persistent"));
+      Buffer pmem{4096};
+      fake.persistent_memory(pmem.data());
+      auto kept = MrLocal::reg(s.peer, pmem.data(), pmem.size, MrUsage::flush_persistent);
+      REQUIRE(kept);
+      CHECK(fake.registrations().back().access == (IBV_ACCESS_REMOTE_READ | abi::access_flush_persistent));
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("native flush needs both flush types on the device, as librpma 1.3 decides", "[data][flush][native]") {
+  fake::FakeProvider fake;
+  fake::DeviceCaps global_only;
+  global_only.device_cap_flags_ex = 1ull << 38;
+  fake.set_caps(0, global_only);
+  {
+    Setup s(fake);
+    CHECK_FALSE(*s.peer.native_flush());
+    const auto before = fake.posted().size();
+    REQUIRE(s.conn.flush(peer_region, 0, 8, FlushType::visibility));
+    CHECK(only_post(fake, before).opcode == IBV_WR_RDMA_READ);
+    CHECK((fake.registrations().back().access & rpmapp::detail::native_flush_abi::access_flush_global) == 0);
+    Peer moved = open_peer(fake);
+    Peer into = std::move(moved);
+    check_inval(moved.native_flush().error(), "Peer::native_flush");
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("Conn::send and send_with_imm; Conn::recv", "[data][send]") {
   fake::FakeProvider fake;
   {

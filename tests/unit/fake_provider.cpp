@@ -1,6 +1,6 @@
 #include "fake_provider.hpp"
 
-#include <catch2/catch.hpp>
+#include "fake_assertions.hpp"
 
 #include <arpa/inet.h>
 #include <net/if.h>
@@ -431,7 +431,7 @@ struct FakeProvider::Impl {
   // rdma_create_qp and rdma_create_qp_ex: librdmacm's checks, then ibv_create_qp's.
   static int make_qp(const char* call, rdma_cm_id* id, ibv_pd* pd, ibv_cq* send_cq,
                      ibv_cq* recv_cq, ibv_srq* srq, ibv_qp_cap& cap, ibv_qp_type type,
-                     bool atomic_write) {
+                     bool atomic_write, bool flush = false) {
     if (!id_ok(id, call)) return -1;
     if (!f().pds_.count(pd) || id->qp != nullptr) {
       f().note(std::string(call) + ": bad pd, attributes, or the id already has a qp");
@@ -457,6 +457,11 @@ struct FakeProvider::Impl {
       errno = EOPNOTSUPP;
       return -1;
     }
+    // rxe_qp_chk_init / ib_uverbs: a send op the device lacks is refused
+    if (flush && (f().caps_[device].device_cap_flags_ex & DeviceCaps::flush_flags) == 0) {
+      errno = EOPNOTSUPP;
+      return -1;
+    }
     if (cap.max_send_wr == 0 || (srq == nullptr && cap.max_recv_wr == 0) || cap.max_inline_data > 256) {
       errno = EINVAL;
       return -1;
@@ -475,6 +480,7 @@ struct FakeProvider::Impl {
     auto& info = f().qps_[qp];
     info.cap = cap;
     info.atomic_write = atomic_write;
+    info.flush = flush;
     f().qp_pd[qp->qp_num] = pd;
     f().created("qp");
     return 0;
@@ -505,8 +511,10 @@ struct FakeProvider::Impl {
     }
     const bool atomic_write = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
                               (attr->send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE);
+    const bool flush = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+                       (attr->send_ops_flags & rpmapp::detail::native_flush_abi::qp_ex_with_flush);
     if (make_qp("rdma_create_qp_ex", id, attr->pd, attr->send_cq, attr->recv_cq, attr->srq,
-                attr->cap, attr->qp_type, atomic_write) != 0)
+                attr->cap, attr->qp_type, atomic_write, flush) != 0)
       return -1;
     f().last_qp_attr_ex = *attr;
     return 0;
@@ -861,8 +869,16 @@ struct FakeProvider::Impl {
     const DeviceCaps& caps = f().caps_[f().device_of_context(pd->context)];
     if ((access & IBV_ACCESS_ON_DEMAND) && !(caps.odp_general_caps & IBV_ODP_SUPPORT))
       return refuse(EOPNOTSUPP);
+    // ib_check_mr_access: a flush right the device lacks is EOPNOTSUPP
+    namespace abi = rpmapp::detail::native_flush_abi;
+    if ((access & abi::access_flush_global) && !(caps.device_cap_flags_ex & abi::device_flush_global))
+      return refuse(EOPNOTSUPP);
+    if ((access & abi::access_flush_persistent) && !(caps.device_cap_flags_ex & abi::device_flush_persistent))
+      return refuse(EOPNOTSUPP);
     if (addr == nullptr || length == 0) return refuse(EINVAL);
     if (f().needs_odp_.count(addr) && !(access & IBV_ACCESS_ON_DEMAND)) return refuse(EOPNOTSUPP);
+    // rxe_mr_fill_pages_from_sgt: "Page can't be persistent" unless it is pmem
+    if ((access & abi::access_flush_persistent) && !f().persistent_.count(addr)) return refuse(EINVAL);
     auto* mr = new ibv_mr{};
     mr->context = pd->context;
     mr->pd = pd;
@@ -1064,32 +1080,64 @@ struct FakeProvider::Impl {
     return 0;
   }
 
-  static int post_atomic_write(ibv_qp* qp, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
-                               uint64_t remote_addr, const void* src8) {
+  // The extended QP's ibv_wr_start .. ibv_wr_complete (one work request): the checks rxe
+  // and the system table's wrapper make (`has_op`: the QP was created for the operation),
+  // then `fill` completes the PostedWr and the request is queued (flushed at once on a QP
+  // in error).
+  template <class Fill>
+  static int post_extended(ibv_qp* qp, bool QpInfo::*has_op, uint64_t wr_id, unsigned send_flags,
+                           uint32_t rkey, uint64_t remote_addr, int opcode, std::uint32_t byte_len,
+                           Fill fill) {
     auto lock = f().lock();
     int err = 0;
     if (f().injected("ibv_wr_complete", err)) return err;
     if (!qp_ok(qp, "ibv_wr_complete")) return EINVAL;
     auto& info = f().qps_[qp];
-    if (!info.atomic_write) return EOPNOTSUPP;  // as the system table's wrapper
+    if (!(info.*has_op)) return EOPNOTSUPP;  // as the system table's wrapper
     if (info.state == QpState::init) return EINVAL;
     if (info.sends.size() >= info.cap.max_send_wr) return ENOSPC;  // rxe's check_qp_queue_full
     PostedWr posted;
     posted.queue = PostedWr::Queue::send;
     posted.qp_num = qp->qp_num;
     posted.wr_id = wr_id;
-    posted.opcode = IBV_WR_ATOMIC_WRITE;
+    posted.opcode = opcode;
     posted.send_flags = send_flags;
     posted.remote_addr = remote_addr;
     posted.rkey = rkey;
-    posted.native_atomic = true;
-    const auto* p = static_cast<const std::byte*>(src8);
-    posted.inline_data.assign(p, p + 8);
+    if (int refused = fill(posted); refused != 0) return refused;
     f().posted_.push_back(std::move(posted));
-    Outstanding out{wr_id, IBV_WR_ATOMIC_WRITE, (send_flags & IBV_SEND_SIGNALED) != 0, true, 8, {}};
+    Outstanding out{wr_id, opcode, (send_flags & IBV_SEND_SIGNALED) != 0, true, byte_len, {}};
     if (info.state == QpState::error) f().complete_one(qp, out, qp->send_cq, IBV_WC_WR_FLUSH_ERR, false);
     else info.sends.push_back(std::move(out));
     return 0;
+  }
+
+  static int post_atomic_write(ibv_qp* qp, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
+                               uint64_t remote_addr, const void* src8) {
+    return post_extended(qp, &QpInfo::atomic_write, wr_id, send_flags, rkey, remote_addr,
+                         IBV_WR_ATOMIC_WRITE, 8, [&](PostedWr& posted) {
+                           posted.native_atomic = true;
+                           const auto* p = static_cast<const std::byte*>(src8);
+                           posted.inline_data.assign(p, p + 8);
+                           return 0;
+                         });
+  }
+
+  static int post_flush(ibv_qp* qp, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
+                        uint64_t remote_addr, size_t len, uint8_t type, uint8_t level) {
+    namespace abi = rpmapp::detail::native_flush_abi;
+    return post_extended(qp, &QpInfo::flush, wr_id, send_flags, rkey, remote_addr, abi::wr_flush, 0,
+                         [&](PostedWr& posted) {
+                           // rxe's init_send_wr: one type bit (GLOBAL or PERSISTENT), level
+                           // RANGE or MR
+                           if ((type != abi::type_global && type != abi::type_persistent) || level > 1)
+                             return EINVAL;
+                           posted.native_flush = true;
+                           posted.flush_len = len;
+                           posted.flush_type = type;
+                           posted.flush_level = level;
+                           return 0;
+                         });
   }
 
   static int poll_cq(ibv_cq* cq, int n, ibv_wc* out) {
@@ -1560,6 +1608,7 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::post_recv>::call,
     Sentinel<&FakeProvider::Impl::post_srq_recv>::call,
     Sentinel<&FakeProvider::Impl::post_atomic_write>::call,
+    Sentinel<&FakeProvider::Impl::post_flush>::call,
     Sentinel<&FakeProvider::Impl::poll_cq, Ok::non_negative>::call,
     Sentinel<&FakeProvider::Impl::get_cq_event>::call,
     Sentinel<&FakeProvider::Impl::ack_cq_events>::call,
@@ -2059,6 +2108,9 @@ void FakeProvider::complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_
         wc.byte_len = wr.byte_len;
         break;
       case IBV_WR_ATOMIC_WRITE: wc.opcode = IBV_WC_ATOMIC_WRITE; break;
+      case rpmapp::detail::native_flush_abi::wr_flush:
+        wc.opcode = static_cast<ibv_wc_opcode>(rpmapp::detail::native_flush_abi::wc_flush);
+        break;
       default: wc.opcode = IBV_WC_SEND; break;
     }
   }
@@ -2079,6 +2131,11 @@ void FakeProvider::set_caps(int device, const DeviceCaps& caps) {
   auto held = lock();
   caps_[device] = caps;
   devices_[device].transport_type = caps.transport;
+}
+
+void FakeProvider::persistent_memory(const void* addr) {
+  auto lock = this->lock();
+  persistent_.insert(addr);
 }
 
 void FakeProvider::needs_odp(const void* addr) {

@@ -110,7 +110,7 @@ struct Sent {
 struct DeviceCaps {
   std::uint64_t odp_general_caps = 0;  ///< IBV_ODP_SUPPORT when on-demand paging works
   std::uint32_t rc_odp_caps = 0;       ///< IBV_ODP_SUPPORT_READ / _WRITE ...
-  std::uint64_t device_cap_flags_ex = 0;  ///< bit 40: native atomic write
+  std::uint64_t device_cap_flags_ex = 0;  ///< bit 40: native atomic write; 38, 39: flushes
   ibv_transport_type transport = IBV_TRANSPORT_IB;  ///< the device's transport_type
   /// ODP for RC reads and writes (what librpma requires).
   static DeviceCaps with_odp() {
@@ -120,6 +120,8 @@ struct DeviceCaps {
     return c;
   }
   static constexpr std::uint64_t atomic_write_flag = 1ull << 40;
+  /// IB_UVERBS_DEVICE_FLUSH_GLOBAL | _PERSISTENT: rxe's from kernel 6.2
+  static constexpr std::uint64_t flush_flags = (1ull << 38) | (1ull << 39);
 };
 
 /// One ibv_reg_mr call: its arguments and result (mr null and err set when it failed).
@@ -157,6 +159,11 @@ struct PostedWr {
   std::uint32_t rkey = 0;
   std::uint32_t imm_data = 0;  ///< as posted (network order)
   bool native_atomic = false;
+  /// A native flush (opcode IBV_WR_FLUSH, 14): its length, type and level as posted.
+  bool native_flush = false;
+  std::size_t flush_len = 0;
+  std::uint8_t flush_type = 0;
+  std::uint8_t flush_level = 0;
   /// Every non-inline entry lies within a live MR of the queue's pd with that lkey (and
   /// has the MR's local-write right when the device writes into it). A request that is
   /// not completes with IBV_WC_LOC_PROT_ERR, as a real device would.
@@ -239,6 +246,10 @@ class FakeProvider {
   /// Memory at `addr` refuses a registration without IBV_ACCESS_ON_DEMAND (EOPNOTSUPP),
   /// as FSDAX memory does.
   void needs_odp(const void* addr);
+  /// Memory at `addr` is persistent (pmem): only it may be registered with
+  /// IBV_ACCESS_FLUSH_PERSISTENT; elsewhere that is EINVAL, as rxe refuses pages that are
+  /// not pmem.
+  void persistent_memory(const void* addr);
   /// Every ibv_reg_mr call, in order.
   std::vector<Registration> registrations() const;
   std::vector<Advice> advices() const;
@@ -349,6 +360,7 @@ class FakeProvider {
     QpState state = QpState::init;
     ibv_qp_cap cap{};
     bool atomic_write = false;  // created with IBV_QP_EX_WITH_ATOMIC_WRITE
+    bool flush = false;         // created with IBV_QP_EX_WITH_FLUSH
     std::deque<Outstanding> sends, recvs;
   };
   struct CqInfo {
@@ -435,6 +447,7 @@ class FakeProvider {
   std::map<ibv_srq*, SrqInfo> srqs_;
   DeviceCaps caps_[device_count]{};
   std::set<const void*> needs_odp_;
+  std::set<const void*> persistent_;
   std::vector<Registration> registrations_;
   std::vector<Advice> advices_;
   std::vector<PostedWr> posted_;

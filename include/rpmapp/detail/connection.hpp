@@ -274,12 +274,15 @@ inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg)
   attr.sq_sig_all = 0;
   const Provider& p = provider();
   errno = 0;
-  if (core.peer->native_atomic_write) {
-    // librpma's way: the extended QP with native atomic writes; the rest still posts
-    // through ibv_post_send.
+  if (core.peer->native_atomic_write || core.peer->native_flush) {
+    // librpma's way: the extended QP with native atomic writes and flushes; the rest still
+    // posts through ibv_post_send.
     attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     attr.pd = core.peer->pd.get();
-    attr.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE;
+    const std::uint64_t none = 0;
+    attr.send_ops_flags =
+        (core.peer->native_atomic_write ? static_cast<std::uint64_t>(IBV_QP_EX_WITH_ATOMIC_WRITE) : none) |
+        (core.peer->native_flush ? native_flush_abi::qp_ex_with_flush : none);
     if (p.create_qp_ex(core.id.get(), &attr) != 0)
       return fail(provider_error("rdma_create_qp_ex", errno));
   } else {

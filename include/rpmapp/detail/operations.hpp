@@ -94,6 +94,16 @@ inline expected<void> flush(const char* call, ConnectionCore& core, const MrRemo
   if (!has(dst.usage(), need)) [[unlikely]]
     return fail(make_error(errc::nosupp, 0, call, "the peer did not register the remote region for {}",
                            usage_name(need)));
+  if (core.peer->native_flush) {  // librpma 1.3's: RDMA FLUSH of the range
+    const std::uint8_t native_type = type == FlushType::persistent ? native_flush_abi::type_persistent
+                                                                   : native_flush_abi::type_global;
+    const int rc = provider().post_flush(qp_of(core), context, signaled(when), dst.rkey(),
+                                         dst.address() + dst_offset, len, native_type,
+                                         native_flush_abi::level_range);
+    if (rc != 0) [[unlikely]]
+      return fail(post_error("ibv_wr_complete", rc));
+    return {};
+  }
   // librpma's emulation (APM): an RDMA READ after the writes makes them visible (and, with
   // direct write to PMem, persistent) before it completes. It reads up to 8 bytes at the
   // flushed offset into the Peer's flush buffer (never past the region's end).

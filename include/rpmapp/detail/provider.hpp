@@ -3,6 +3,7 @@
 // so that any call can fail with any errno and every created resource is counted.
 #pragma once
 
+#include <rpmapp/detail/verbs_abi.hpp>
 #include <rpmapp/version.hpp>
 
 #include <fcntl.h>
@@ -13,8 +14,39 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
+
+/// Whether this build's <infiniband/verbs.h> has ibv_wr_flush (rdma-core 45 on): the
+/// extended QP then has a wr_flush member.
+template <class QpEx>
+concept has_wr_flush = requires(QpEx* qpx) { qpx->wr_flush; };
+inline constexpr bool build_has_native_flush = has_wr_flush<ibv_qp_ex>;
+
+/// ibv_wr_start, ibv_wr_flush, ibv_wr_complete on the QP's ibv_qp_ex; EOPNOTSUPP when the
+/// build's rdma-core or the QP has no native flush.
+template <class QpEx = ibv_qp_ex>
+int post_native_flush(ibv_qp* qp, std::uint64_t wr_id, unsigned send_flags, std::uint32_t rkey,
+                      std::uint64_t remote_addr, std::size_t len, std::uint8_t type,
+                      std::uint8_t level) {
+  if constexpr (has_wr_flush<QpEx>) {
+    QpEx* qpx = ibv_qp_to_qp_ex(qp);
+    if (qpx == nullptr || qpx->wr_flush == nullptr) return EOPNOTSUPP;
+    ibv_wr_start(qpx);
+    qpx->wr_id = wr_id;
+    qpx->wr_flags = send_flags;
+    qpx->wr_flush(qpx, rkey, remote_addr, len, type, level);
+    return ibv_wr_complete(qpx);
+  } else {
+    (void)qp, (void)wr_id, (void)send_flags, (void)rkey, (void)remote_addr, (void)len,
+        (void)type, (void)level;
+    return EOPNOTSUPP;
+  }
+}
 
 struct Provider {
   // librdmacm
@@ -64,6 +96,10 @@ struct Provider {
   /// the QP's ibv_qp_ex); returns ibv_wr_complete's errno value.
   int (*post_atomic_write)(ibv_qp*, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
                            uint64_t remote_addr, const void* src8);
+  /// A native flush of [remote_addr, +len) (ibv_wr_start, ibv_wr_flush with `type` and
+  /// `level` (native_flush_abi), ibv_wr_complete); returns ibv_wr_complete's errno value.
+  int (*post_flush)(ibv_qp*, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
+                    uint64_t remote_addr, size_t len, uint8_t type, uint8_t level);
   int (*poll_cq)(ibv_cq*, int num_entries, ibv_wc*);
   int (*get_cq_event)(ibv_comp_channel*, ibv_cq**, void** cq_context);
   void (*ack_cq_events)(ibv_cq*, unsigned int nevents);
@@ -138,6 +174,7 @@ inline const Provider system_provider = {
       ibv_wr_atomic_write(qpx, rkey, remote_addr, src8);
       return ibv_wr_complete(qpx);
     },
+    post_native_flush<>,
     [](ibv_cq* cq, int n, ibv_wc* wc) { return ibv_poll_cq(cq, n, wc); },
     ibv_get_cq_event,
     ibv_ack_cq_events,

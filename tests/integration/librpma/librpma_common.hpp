@@ -130,6 +130,26 @@ inline int new_peer(const char* addr, rpma_util_ibv_context_type type, rpma_peer
   return 0;
 }
 
+/// What librpma's rpma_flush completes with on the device at `addr`: IBV_WC_FLUSH (8) where
+/// librpma flushes natively (RPMA_INTEROP_NATIVE_FLUSH: 1.3 on an rdma-core with
+/// ibv_wr_flush) and the device reports both flush types, as librpma 1.3's probe asks;
+/// otherwise IBV_WC_RDMA_READ (its emulation).
+inline int flush_completion(const char* addr, rpma_util_ibv_context_type type, ibv_wc_opcode* out) {
+  *out = IBV_WC_RDMA_READ;
+  if (!RPMA_INTEROP_NATIVE_FLUSH) return 0;
+  ibv_context* device = nullptr;
+  if (int ret = rpma_utils_get_ibv_context(addr, type, &device); ret != 0)
+    return fail("rpma_utils_get_ibv_context", ret);
+  ibv_device_attr_ex attr{};
+  if (int err = ibv_query_device_ex(device, nullptr, &attr); err != 0) {
+    std::fprintf(stderr, "error: ibv_query_device_ex: errno %d\n", err);
+    return 1;
+  }
+  constexpr std::uint64_t both = (1ull << 38) | (1ull << 39);  // IB_UVERBS_DEVICE_FLUSH_GLOBAL, _PERSISTENT
+  if ((attr.device_cap_flags_ex & both) == both) *out = static_cast<ibv_wc_opcode>(8);
+  return 0;
+}
+
 /// The connection's next event, waiting at most wait_ms.
 inline int next_event(rpma_conn* conn, rpma_conn_event* event) {
   int fd = -1;

@@ -1,4 +1,4 @@
-// librpma 1.2 write client, for the interop tests: it takes the server's region from
+// librpma write client (1.2 or 1.3), for the interop tests: it takes the server's region from
 // common_data, writes a NUL-terminated text to its start (rpma_write, then rpma_flush to
 // visibility, whose completion says both are done), prints `wrote: "<text>"` and
 // disconnects.
@@ -33,9 +33,11 @@ int main(int argc, char** argv) {
                            RPMA_F_COMPLETION_ALWAYS, nullptr);
       ret != 0)
     return fail("rpma_flush", ret);
-  // librpma 1.2 flushes with an RDMA READ.
-  if (wait_completion(client.conn, IBV_WC_RDMA_READ) != 0) return 1;
-  std::printf("wrote: \"%s\"\n", memory);
+  // librpma 1.2 flushes with an RDMA READ; 1.3 natively where the device can.
+  ibv_wc_opcode flushed = IBV_WC_RDMA_READ;
+  if (flush_completion(addr, RPMA_UTIL_IBV_CONTEXT_REMOTE, &flushed) != 0) return 1;
+  if (wait_completion(client.conn, flushed) != 0) return 1;
+  std::printf("wrote: \"%s\" (flush %s)\n", memory, flushed == IBV_WC_RDMA_READ ? "emulated" : "native");
 
   return client.close();
 }

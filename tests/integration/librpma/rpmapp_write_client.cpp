@@ -38,8 +38,10 @@ int main(int argc, char** argv) {
     return example::fail(ok.error());
   auto cq = conn->cq();
   if (!cq) return example::fail(cq.error());
-  // The flush is an RDMA READ (librpma's emulation).
-  if (auto wc = example::next_completion(*cq, IBV_WC_RDMA_READ); !wc) return example::fail(wc.error());
+  // An RDMA FLUSH where the Peer flushes natively (librpma 1.3's way), else an RDMA READ.
+  auto flushed = example::flush_completion(*peer);
+  if (!flushed) return example::fail(flushed.error());
+  if (auto wc = example::next_completion(*cq, *flushed); !wc) return example::fail(wc.error());
   fmt::print("wrote: \"{}\"\n", memory.data());
 
   if (auto ok = example::disconnect_and_close(*conn); !ok) return example::fail(ok.error());
