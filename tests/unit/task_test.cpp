@@ -906,11 +906,11 @@ Task<int> answer(EventLoop& loop) {
 }
 Task<int> answer_now() { co_return 7; }
 Task<std::unique_ptr<std::string>> boxed(EventLoop& loop, std::string s) {
-  co_await loop.sleep_for(1ms);
+  if (auto slept = co_await loop.sleep_for(1ms); !slept) FAIL(slept.error().message());
   co_return std::make_unique<std::string>(std::move(s));
 }
 Task<int> throws_after_await(EventLoop& loop) {
-  co_await loop.sleep_for(1ms);
+  if (auto slept = co_await loop.sleep_for(1ms); !slept) FAIL(slept.error().message());
   throw std::runtime_error("boom after await");
 }
 Task<int> throws_at_once() { throw std::runtime_error("boom at once"); co_return 0; }
@@ -1028,7 +1028,7 @@ TEST_CASE("spawn: an escaping exception is logged and returned by run as unknown
     EventLoop loop = make_loop();
     int frames = 0;
     auto thrower = [&](FrameMark) -> Task<void> {
-      co_await loop.sleep_for(1ms);
+      if (auto slept = co_await loop.sleep_for(1ms); !slept) FAIL(slept.error().message());
       throw std::runtime_error("spawned boom");
     };
     REQUIRE(spawn(loop, thrower(FrameMark(&frames))));
@@ -1062,7 +1062,7 @@ TEST_CASE("spawn: an escaping exception is logged and returned by run as unknown
       REQUIRE(spawn(loop, thrower(FrameMark(&frames))));
       int own_frames = 0;
       auto waits = [&](FrameMark) -> Task<int> {
-        co_await loop.sleep_for(10s);
+        if (auto slept = co_await loop.sleep_for(10s); !slept) FAIL(slept.error().message());
         co_return 1;
       };
       auto b = block_on(loop, waits(FrameMark(&own_frames)));
@@ -1101,7 +1101,7 @@ TEST_CASE("spawn and block_on: what they refuse", "[task]") {
     SECTION("a started task, suspended in its await") {
       int done = 0;
       auto sleeper = [&]() -> Task<void> {
-        co_await loop.sleep_for(20ms);
+        if (auto slept = co_await loop.sleep_for(20ms); !slept) FAIL(slept.error().message());
         ++done;
       };
       Task<void> t = sleeper();
@@ -1144,7 +1144,7 @@ TEST_CASE("spawn and block_on: what they refuse", "[task]") {
         co_return;
       };
       auto later = [&]() -> Task<void> {  // (a coroutine lambda must outlive its coroutine)
-        co_await loop.sleep_for(1ms);
+        if (auto slept = co_await loop.sleep_for(1ms); !slept) FAIL(slept.error().message());
         co_await co();
       };
       SECTION("spawned") { REQUIRE(spawn(loop, co())); }
