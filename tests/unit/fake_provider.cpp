@@ -457,7 +457,8 @@ struct FakeProvider::Impl {
       errno = EOPNOTSUPP;
       return -1;
     }
-    // rxe_qp_chk_init / ib_uverbs: a send op the device lacks is refused
+    // a flush QP on a device without flushes is refused, as for atomic write above (not
+    // read in rxe's source; the VM only shows the accepted case)
     if (flush && (f().caps_[device].device_cap_flags_ex & DeviceCaps::flush_flags) == 0) {
       errno = EOPNOTSUPP;
       return -1;
@@ -1128,8 +1129,8 @@ struct FakeProvider::Impl {
     namespace abi = rpmapp::detail::native_flush_abi;
     return post_extended(qp, &QpInfo::flush, wr_id, send_flags, rkey, remote_addr, abi::wr_flush, 0,
                          [&](PostedWr& posted) {
-                           // rxe's init_send_wr: one type bit (GLOBAL or PERSISTENT), level
-                           // RANGE or MR
+                           // the values verbs.h defines: one type bit (GLOBAL or
+                           // PERSISTENT), level RANGE (0) or MR (1); not checked against rxe
                            if ((type != abi::type_global && type != abi::type_persistent) || level > 1)
                              return EINVAL;
                            posted.native_flush = true;
