@@ -62,7 +62,8 @@ struct ConnConfig {
   bool completion_channel = true;
   /// A shared receive queue for the connection's receives (librpma's
   /// rpma_conn_cfg_set_srq); not owned: the connection keeps the queue alive itself, so the
-  /// Srq may go before it. Receives are then posted with Srq::recv (Conn::recv is inval), and
+  /// Srq may go before it (EventLoop::serve and co_await next_conn_req hold the queue for
+  /// the requests they take later: the handle may go once the call returns). Receives are then posted with Srq::recv (Conn::recv is inval), and
   /// land in the Srq's receive CQ when it has one (else in this connection's).
   const Srq* srq = nullptr;
   /// Take the connection's rdma_cm event channel from its Peer's spares, and give it back

@@ -10,8 +10,10 @@
 #include <rpmapp/mr.hpp>
 #include <rpmapp/peer_config.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -113,6 +115,8 @@ class ConnReq;
 /// Thread safety: one thread at a time per Conn; different Conns are independent.
 class Conn {
  public:
+  /// An empty Conn, as a moved-from one (every call is inval): for tables of slots.
+  Conn() noexcept = default;
   Conn(Conn&&) noexcept = default;
   /// Releases this connection as the destructor does (failures logged under
   /// "Conn::operator="), then takes `other`'s.
@@ -293,8 +297,8 @@ class Conn {
     return detail::write("Conn::write_with_imm", *core_, dst, dst_offset, src, src_offset, len,
                          when, context, IBV_WR_RDMA_WRITE_WITH_IMM, imm);
   }
-  /// Writes 8 bytes atomically to the peer's `dst` at `dst_offset` (8-byte aligned;
-  /// write_dst): natively where the device has IBV_WR_ATOMIC_WRITE (Peer::native_atomic_
+  /// Writes 8 bytes atomically to the peer's `dst` at `dst_offset` (the remote address
+  /// 8-byte aligned; write_dst): natively where the device has IBV_WR_ATOMIC_WRITE (Peer::native_atomic_
   /// write), else as librpma 1.2 emulates it, an 8-byte inline RDMA WRITE fenced after the
   /// reads in flight. `value` is copied when posted.
   /// Errors: also nosupp: emulation on a queue pair with less than 8 bytes of inline data;
@@ -305,6 +309,14 @@ class Conn {
     if (!core_) [[unlikely]]
       return detail::fail(detail::moved_from("Conn::atomic_write"));
     return detail::atomic_write("Conn::atomic_write", *core_, dst, dst_offset, value, when, context);
+  }
+  /// As above, writing the bytes of `value` as they are in memory (host byte order), as a
+  /// librpma program passes a uint64_t's.
+  expected<void> atomic_write(const MrRemote& dst, std::size_t dst_offset, std::uint64_t value,
+                              Completion when = Completion::always, std::uint64_t context = 0) noexcept {
+    std::array<std::byte, 8> bytes;
+    std::memcpy(bytes.data(), &value, sizeof value);
+    return atomic_write(dst, dst_offset, std::span<const std::byte, 8>(bytes), when, context);
   }
   /// Makes the writes to [dst_offset, dst_offset + len) of the peer's `dst` visible or
   /// persistent when it completes (librpma's rpma_flush). Native where Peer::native_flush()

@@ -55,6 +55,8 @@ class ConnReq {
                                         std::string_view port,
                                         const ConnConfig& config = {}) noexcept;
 
+  /// An empty ConnReq, as a moved-from one (every call is inval): for tables of slots.
+  ConnReq() noexcept = default;
   ConnReq(ConnReq&&) noexcept = default;
   /// Releases this request as the destructor does (failures logged under
   /// "ConnReq::operator="), then takes `other`'s.
@@ -210,6 +212,8 @@ class ConnReq {
 /// Thread safety: one thread at a time per PendingConnReq.
 class PendingConnReq {
  public:
+  /// An empty PendingConnReq, as a moved-from one (every call is inval): for tables of slots.
+  PendingConnReq() noexcept = default;
   PendingConnReq(PendingConnReq&&) noexcept = default;
   /// Releases this request as the destructor does (failures logged under
   /// "PendingConnReq::operator="), then takes `other`'s.
@@ -365,7 +369,7 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
     core->peer = peer.state();
     core->config = config;
     core->config.srq = nullptr;  // the queue is held by core->srq from here on
-    if (auto ok = detail::attach_srq(call, *core, config); !ok) return detail::fail(ok.error());
+    if (auto ok = detail::attach_srq(call, *core, config, detail::srq_of(config)); !ok) return detail::fail(ok.error());
     if (auto ok = detail::open_event_channel(*core); !ok) return detail::fail(ok.error());
     rdma_cm_id* id = nullptr;
     errno = 0;

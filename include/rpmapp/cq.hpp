@@ -125,6 +125,14 @@ inline expected<void> rearm(ibv_cq* cq) noexcept {
   return {};
 }
 
+/// What ibv_poll_cq returning `n` (negative, or more than the `room` it was given) means:
+/// ibverbs sets no errno there, providers return -1 or a negative code, so the value itself
+/// is reported (errno 0).
+inline Error poll_error(int n, std::size_t room) noexcept {
+  if (n < 0) return make_error(errc::provider, 0, "ibv_poll_cq", "returned {}", n);
+  return make_error(errc::unknown, 0, "ibv_poll_cq", "returned {} completions for room for {}", n, room);
+}
+
 }  // namespace detail
 
 /// A completion queue and its completion channel: a connection's main CQ (send
@@ -203,10 +211,7 @@ class Cq {
       return got;
     }
     if (n == 0) return detail::fail(Error(errc::no_completion, 0, "ibv_poll_cq", "the queue is empty"));
-    if (n < 0)  // ibverbs sets no errno here; providers return -1 or a negative code
-      return detail::fail(detail::make_error(errc::provider, 0, "ibv_poll_cq", "returned {}", n));
-    return detail::fail(detail::make_error(errc::unknown, 0, "ibv_poll_cq",
-                                           "returned {} completions for room for {}", n, out.size()));
+    return detail::fail(detail::poll_error(n, out.size()));
   }
 
   /// Returns at least one completion: polls, and while the queue is empty waits for its

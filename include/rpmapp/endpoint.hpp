@@ -123,6 +123,8 @@ class Endpoint {
     return std::static_pointer_cast<ConnReqHandler>(state_->handler);
   }
 
+  /// An empty Endpoint, as a moved-from one (every call is inval): for tables of slots.
+  Endpoint() noexcept = default;
   Endpoint(Endpoint&& other) noexcept = default;
   /// Releases this handle as shutdown() does (a failure is logged: warning,
   /// "Endpoint::operator="), then takes `other`'s.
@@ -257,7 +259,7 @@ class Endpoint {
     if (!state_) return detail::fail(detail::moved_from(call));
     if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
     return detail::no_throw(call, [&]() -> expected<ConnReq> {
-      auto core = detail::accept_request(call, *state_, config, wait);
+      auto core = detail::accept_request(call, *state_, config, detail::srq_of(config), wait);
       if (!core) return detail::fail(core.error());
       return ConnReq(std::move(*core), true);
     });

@@ -8,6 +8,7 @@
 #include <rpmapp/conn_req.hpp>
 #include <rpmapp/cq.hpp>
 #include <rpmapp/detail/awaiters.hpp>
+#include <rpmapp/detail/channel_queues.hpp>
 #include <rpmapp/detail/loop_core.hpp>
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
@@ -28,14 +29,22 @@ class EventLoop;
 
 namespace detail {
 
+/// A ConnConfig kept for every later request of a listener (EventLoop::serve, co_await
+/// next_conn_req): its Srq's queue held, not the pointer (the handle may move or go).
+struct KeptConfig {
+  explicit KeptConfig(const ConnConfig& cfg) noexcept : config(cfg), srq(srq_of(cfg)) { config.srq = nullptr; }
+  ConnConfig config;
+  std::shared_ptr<SrqState> srq;
+};
+
 /// The sources' internals the loop works with.
 struct LoopAccess {
   static ListenerState* listener(const Endpoint& e) noexcept { return e.state_.get(); }
   static SourceLink& link(Endpoint& e) noexcept { return e.watchers_; }
   static ConnectionCore* core(const Conn& c) noexcept { return c.core_.get(); }
   static ConnectionCore* core(const PendingConnReq& r) noexcept { return r.core_.get(); }
-  static expected<ConnReq> take_request(ListenerState& listener, const ConnConfig& config) {
-    auto core = accept_request("EventLoop::serve", listener, config, Wait::none());
+  static expected<ConnReq> take_request(const char* call, ListenerState& listener, const KeptConfig& kept) {
+    auto core = accept_request(call, listener, kept.config, kept.srq, Wait::none());
     if (!core) return fail(core.error());
     return ConnReq(std::move(*core), true);
   }
@@ -69,12 +78,13 @@ class NextConnReqAwaiter final : public Awaiter<NextConnReqAwaiter, expected<Con
       : Awaiter(core, "EventLoop::next_conn_req", timeout),
         listener_(LoopAccess::listener(endpoint)),
         source_(&LoopAccess::link(endpoint)),
+        config_ok_(check_config(call(), config)),
         config_(config) {}
 
   bool attempt() noexcept {
     if (listener_ == nullptr) return finish(invalid(call(), "the endpoint is empty (moved from or shut down)"));
-    if (auto ok = check_config(call(), config_); !ok) return finish(ok.error());
-    auto request = no_throw(call(), [&] { return LoopAccess::take_request(*listener_, config_); });
+    if (!config_ok_) return finish(config_ok_.error());
+    auto request = no_throw(call(), [&] { return LoopAccess::take_request(call(), *listener_, config_); });
     if (!request && request.error() == errc::no_event) return false;
     result_.emplace(std::move(request));
     return true;
@@ -86,7 +96,8 @@ class NextConnReqAwaiter final : public Awaiter<NextConnReqAwaiter, expected<Con
  private:
   ListenerState* listener_;
   SourceLink* source_;  // the Endpoint handle's (moves with it)
-  ConnConfig config_;
+  expected<void> config_ok_;
+  KeptConfig config_;
   std::optional<expected<ConnReq>> result_;
 };
 
@@ -248,48 +259,33 @@ class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::
     if (out_.empty() || out_.size() > 0x7fffffffu)
       return finish(invalid(call(), "room for {} completions: give 1 to 2^31-1", out_.size()));
     if (!conn_->config.completion_channel) return finish(no_completion_channel(call()));
-    if (channel() == nullptr)
+    if (receive_ && conn_->config.shared_completion_channel)
+      return finish(invalid(call(), "CqKind::receive on a shared completion channel: both queues' "
+                                    "completions come with CqKind::main"));
+    ChannelQueues queues(*conn_, receive_);
+    if (queues.channel() == nullptr)
       return finish(invalid(call(), "the connection has no receive completion queue of its own"));
     if (auto ok = completion_fds_nonblocking(*conn_); !ok) return finish(ok.error());
-    if (poll_queues()) return true;
-    // Empty: take the channel's pending event (if any), re-arm, and look again.
-    const Provider& p = provider();
-    ibv_cq* cq = nullptr;
-    void* context = nullptr;
-    errno = 0;
-    if (p.get_cq_event(channel(), &cq, &context) != 0) {
-      const int e = errno;
-      if (is_empty_channel_errno(e) || e == EINTR) return false;
-      return finish(provider_error("ibv_get_cq_event", e));
-    }
-    p.ack_cq_events(cq, 1);
-    if (auto armed = rearm(cq); !armed) return finish(armed.error());
-    return poll_queues();
+    // A queue an earlier await could not re-arm raises no event: re-arm it before waiting.
+    if (auto armed = queues.rearm(); !armed) return finish(armed.error());
+    if (polled(queues)) return true;
+    // Empty: take the channel's pending events, re-arm, and look again.
+    if (auto taken = queues.take_events(); !taken) return finish(taken.error());
+    if (auto armed = queues.rearm(); !armed) return finish(armed.error());
+    return polled(queues);
   }
-  expected<void> watch() noexcept { return watch_fd(channel()->fd, &conn_->watchers); }
+  expected<void> watch() noexcept { return watch_fd(ChannelQueues(*conn_, receive_).channel()->fd, &conn_->watchers); }
   void fail_with(const Error& e) noexcept { result_ = fail(e); }
   expected<std::span<ibv_wc>> take() noexcept { return result_; }
 
  private:
-  ibv_comp_channel* channel() const noexcept {
-    if (!receive_) return conn_->comp_channel.get();
-    return conn_->rcq ? conn_->receive_channel() : nullptr;
-  }
-  // Polls the watched queue(s): with a shared channel, the main CQ watches both.
-  bool poll_queues() noexcept {
-    ibv_cq* first = receive_ ? conn_->rcq.get() : conn_->cq.get();
-    ibv_cq* second = !receive_ && conn_->config.shared_completion_channel ? conn_->rcq.get() : nullptr;
-    for (ibv_cq* cq : {first, second}) {
-      if (cq == nullptr) continue;
-      const int n = provider().poll_cq(cq, static_cast<int>(out_.size()), out_.data());
-      if (n < 0) return finish(provider_error("ibv_poll_cq", -n));
-      if (n > 0) {
-        result_ = out_.first(static_cast<std::size_t>(n));
-        watch_path(&conn_->path, *result_);
-        return true;
-      }
-    }
-    return false;
+  // True when it stored completions or an error.
+  bool polled(ChannelQueues& queues) noexcept {
+    auto n = queues.poll(out_);
+    if (!n) return finish(n.error());
+    if (*n == 0) return false;
+    result_ = out_.first(*n);
+    return true;
   }
 
   ConnectionCore* conn_;
@@ -412,7 +408,8 @@ enum class CqKind {
 /// it, first (its fds leave the epoll set while still open); a coroutine awaiting it
 /// resumes with an error. Destroying the loop destroys the coroutines it owns
 /// (spawn) without resuming them, and leaves the registrations inactive. Either may go
-/// first.
+/// first. A handler or coroutine of the loop may destroy the loop itself (e.g. the server
+/// object that owns it): it goes once that handler returns, and the run call returns.
 ///
 /// Exceptions escaping a handler or a spawned coroutine are caught, reported through the
 /// log hook (LogLevel::error) and make the run call return errc::unknown whose reason
@@ -433,8 +430,19 @@ class EventLoop {
   }
 
   EventLoop(EventLoop&&) noexcept = default;
-  EventLoop& operator=(EventLoop&&) noexcept = default;
-  ~EventLoop() = default;
+  /// Assigning over a loop destroys it first (see ~EventLoop).
+  EventLoop& operator=(EventLoop&& other) noexcept {
+    if (this != &other) {
+      release_core();
+      core_ = std::move(other.core_);
+    }
+    return *this;
+  }
+  /// Destroys the coroutines the loop owns and leaves the registrations inactive. From one
+  /// of the loop's own handlers or coroutines, the loop goes once that handler returns or
+  /// that coroutine suspends: nothing else of the round runs, and the run call in progress
+  /// returns (success, or the failure a handler left).
+  ~EventLoop() { release_core(); }
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
@@ -459,15 +467,9 @@ class EventLoop {
   expected<std::size_t> run_once(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
     constexpr const char* call = "EventLoop::run_once";
     if (auto ok = check_running(call); !ok) return detail::fail(ok.error());
-    if (core_->stop_requested.exchange(false)) {
-      core_->cancel_awaiters();
-      return std::size_t{0};
-    }
     const detail::Deadline deadline(timeout.count() < 0 ? detail::Wait::forever() : detail::Wait::bounded(timeout));
-    auto ran = core_->run_once(deadline);
-    if (!ran) return ran;
-    if (auto failed = take_failure(); !failed) return detail::fail(failed.error());
-    return ran;
+    bool destroyed = false;  // by a handler: *this may be gone
+    return detail::run_round(core_.get(), deadline, destroyed);
   }
 
   /// Makes run() / run_for() return (run_once: the next one) and cancels the awaiting
@@ -505,9 +507,8 @@ class EventLoop {
       return detail::fail(detail::invalid(call, "the shared listener has its own handler (listen_shared); pass none"));
     if (!own && !handler) return detail::fail(detail::invalid(call, "no handler: pass one"));
     return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<ServeWaiter>();
+      auto w = std::make_unique<ServeWaiter>(config);
       w->listener = listener;
-      w->config = config;
       w->shared_handler = std::move(own);
       w->handler = std::move(handler);
       if (auto ok = core_->add(*w, listener->channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
@@ -564,10 +565,15 @@ class EventLoop {
     });
   }
 
-  /// Calls `handler` with the completions of `conn`'s queue `which`, in batches (a span
-  /// valid during the call), as they arrive; an error (ibv_get_cq_event, ibv_req_notify_cq,
-  /// ibv_poll_cq failing) is passed on. Check each completion's status (check(wc)). The
-  /// queue is re-armed before it is polled, so no completion is missed; the completion
+  /// Calls `handler` with the completions of `conn`'s queue `which`, in batches of up to 16
+  /// (a span valid during the call), as they arrive. Check each completion's status
+  /// (check(wc)). The queue is re-armed before it is polled and then polled empty, so no
+  /// completion is missed: a drain cut short (256 completions per round, so that other
+  /// sources get their turn; the handler throwing; ibv_poll_cq failing) goes on in the
+  /// loop's next round without waiting for a new completion. Errors of the queue are
+  /// passed on: ibv_poll_cq and ibv_req_notify_cq failing are retried in the next round
+  /// (the handler gets each failure: unregister to give up); ibv_get_cq_event failing is
+  /// passed on, and with EIO (the device is gone) it ends the registration. The completion
   /// channel's fd is made non-blocking. Do not also wait on the same queue elsewhere.
   /// Errors: inval (empty loop or Conn; a connection without completion channels, ConnConfig::
   /// completion_channel false; `receive` on a connection without its own receive
@@ -589,8 +595,8 @@ class EventLoop {
     if (auto ok = nonblocking(channel->fd); !ok) return detail::fail(ok.error());
     return detail::no_throw(call, [&]() -> expected<Registration> {
       auto w = std::make_unique<CompletionWaiter>();
-      w->channel = channel;
-      w->path = &core->path;
+      w->core = core;
+      w->receive = which == CqKind::receive;
       w->handler = std::move(handler);
       if (auto ok = core_->add(*w, channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
       core->watchers.attach(*w);
@@ -671,16 +677,22 @@ class EventLoop {
   // Requests handled per wake-up of one listener, so one busy source cannot starve the
   // others (the fd stays readable: the rest come in the next round).
   static constexpr int per_round = 16;
+  // Completions per watch_completions batch.
+  static constexpr std::size_t batch_size = 16;
 
   struct ServeWaiter final : detail::HandlerWaiter {
+    explicit ServeWaiter(const ConnConfig& cfg) noexcept : config(cfg) {}
     detail::ListenerState* listener = nullptr;
-    ConnConfig config;
+    detail::KeptConfig config;
     std::shared_ptr<ConnReqHandler> shared_handler;
     ConnReqHandler handler;
     bool active() const noexcept override { return slot != no_slot && link != nullptr; }
     void handle(std::uint32_t) override {
       for (int i = 0; i < per_round && !done(); ++i) {
-        auto request = detail::LoopAccess::take_request(*listener, config);
+        // Out of memory building the request is the handler's nomem, not "a handler threw".
+        auto request = detail::no_throw("EventLoop::serve", [&] {
+          return detail::LoopAccess::take_request("EventLoop::serve", *listener, config);
+        });
         if (!request && request.error() == errc::no_event) return;  // another loop took it
         // The handler may release this registration: the waiter (and so the handler)
         // lives until the dispatch is over (HandlerWaiter::ready).
@@ -714,7 +726,8 @@ class EventLoop {
     void handle(std::uint32_t) override {
       auto request = std::move(pending).try_wait();
       if (!request && request.error() == errc::no_event && pending) return;  // in progress
-      loop->remove(*this);
+      // A failed step released the request, whose watchers (this) have left the loop then.
+      if (loop != nullptr) loop->remove(*this);
       if (link != nullptr) link->detach(*this);  // the ConnReq's now
       auto keep = std::move(handler);
       keep(std::move(request));
@@ -722,38 +735,50 @@ class EventLoop {
   };
 
   struct CompletionWaiter final : detail::HandlerWaiter {
-    ibv_comp_channel* channel = nullptr;
-    detail::PathMonitor* path = nullptr;  // the connection's
+    detail::ConnectionCore* core = nullptr;  // valid while active (its Conn tells it first)
+    bool receive = false;
     std::function<void(expected<std::span<const ibv_wc>>)> handler;
     bool active() const noexcept override { return slot != no_slot && link != nullptr; }
+
+    // Takes the channel's events, re-arms, and polls the queue(s) empty: the channel raises
+    // no new event for what is already queued, so a drain cut short (the round's budget, the
+    // handler throwing, ibv_poll_cq failing, a queue left unarmed) makes the waiter due
+    // again in the next round without one (post_next_round). EIO from ibv_get_cq_event (the
+    // device is gone: the channel delivers nothing more) ends the registration.
     void handle(std::uint32_t) override {
-      const detail::Provider& p = detail::provider();
-      ibv_cq* cq = nullptr;
-      void* context = nullptr;
-      errno = 0;
-      if (p.get_cq_event(channel, &cq, &context) != 0) {
-        const int e = errno;
-        if (detail::is_empty_channel_errno(e) || e == EINTR) return;
-        handler(detail::fail(detail::provider_error("ibv_get_cq_event", e)));
-        return;
+      struct DueAgain {
+        CompletionWaiter* w;
+        bool drained = false;
+        ~DueAgain() {
+          if (!drained && !w->done() && w->loop != nullptr) w->loop->post_next_round(*w);
+        }
+      } due{this};
+      detail::ChannelQueues queues(*core, receive);
+      if (auto taken = queues.take_events(); !taken) {
+        if (taken.error().sys_errno() == EIO) {
+          if (loop != nullptr) loop->remove(*this);
+          due.drained = true;
+        }
+        handler(detail::fail(taken.error()));
+        if (done()) return;
       }
-      p.ack_cq_events(cq, 1);
-      if (auto armed = detail::rearm(cq); !armed) {
+      if (auto armed = queues.rearm(); !armed) {
         handler(detail::fail(armed.error()));
         if (done()) return;
       }
-      ibv_wc wc[16];
-      for (int round = 0; round < per_round && !done(); ++round) {
-        const int n = p.poll_cq(cq, 16, wc);
-        if (n == 0) return;
-        if (n < 0) {
-          handler(detail::fail(detail::provider_error("ibv_poll_cq", -n)));
+      ibv_wc wc[batch_size];
+      for (int round = 0; round < per_round; ++round) {
+        auto n = queues.poll(wc);
+        if (!n) {
+          handler(detail::fail(n.error()));
           return;
         }
-        const std::span<const ibv_wc> batch(wc, static_cast<std::size_t>(n));
-        detail::watch_path(path, batch);
-        handler(batch);
-        if (n < 16) return;
+        if (*n == 0) {
+          due.drained = !queues.rearm_pending();
+          return;
+        }
+        handler(std::span<const ibv_wc>(wc, *n));
+        if (done()) return;
       }
     }
   };
@@ -772,10 +797,13 @@ class EventLoop {
     return {};
   }
 
-  expected<void> take_failure() noexcept {
-    if (!core_->failed) return {};
-    core_->failed = false;
-    return detail::fail(core_->failure);
+  // Destroys the core, or, inside one of its dispatches, leaves that to the run call.
+  void release_core() noexcept {
+    if (core_ && core_->dispatch_depth > 0) {
+      core_->doomed = true;
+      (void)core_.release();
+    }
+    core_.reset();
   }
 
   expected<void> nonblocking(int fd) noexcept {
@@ -792,15 +820,18 @@ class EventLoop {
 
   expected<void> run_until(const char* call, const detail::Deadline& deadline) noexcept {
     if (auto ok = check_running(call); !ok) return ok;
+    detail::LoopCore* core = core_.get();  // a handler may destroy *this: only `core` from here
     for (;;) {
-      if (core_->stop_requested.exchange(false)) {
-        core_->cancel_awaiters();
-        return take_failure();
+      if (core->stop_requested.exchange(false)) {
+        core->cancel_awaiters();
+        if (core->doomed) return detail::LoopCore::destroy_doomed(core);
+        return core->take_failure();
       }
-      if (deadline.passed()) return take_failure();
-      auto ran = core_->run_once(deadline);
+      if (deadline.passed()) return core->take_failure();
+      auto ran = core->run_once(deadline);
+      if (core->doomed) return detail::LoopCore::destroy_doomed(core);
       if (!ran) return detail::fail(ran.error());
-      if (auto failed = take_failure(); !failed) return failed;
+      if (auto failed = core->take_failure(); !failed) return failed;
     }
   }
 

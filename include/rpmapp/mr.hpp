@@ -81,6 +81,8 @@ class MrLocal {
     return reg(peer, memory.data(), memory.size(), usage);
   }
 
+  /// An empty MrLocal, as a moved-from one (every call is inval): for tables of slots.
+  MrLocal() noexcept = default;
   MrLocal(MrLocal&&) noexcept = default;
   /// Deregisters this region as the destructor does (a failure is logged under
   /// "MrLocal::operator="), then takes `other`'s.
@@ -151,6 +153,10 @@ class MrLocal {
     const MrDescriptor d = *descriptor();
     std::copy(d.begin(), d.end(), out.begin());
     return mr_descriptor_size;
+  }
+  /// As above, into a char buffer (librpma programs keep descriptors in char arrays).
+  expected<std::size_t> write_descriptor(std::span<char> out) const noexcept {
+    return write_descriptor(std::as_writable_bytes(out));
   }
 
   /// Gives the device advice about [offset, offset + len) (ibv_advise_mr, e.g.
@@ -229,6 +235,10 @@ class MrRemote {
     if (addr + len < addr)
       return detail::fail(detail::invalid(call, "address 0x{:x} + length {} overflows", addr, len));
     return MrRemote(addr, len, rkey, static_cast<MrUsage>(usage));
+  }
+  /// As above, from a char buffer (librpma programs keep descriptors in char arrays).
+  static expected<MrRemote> from_descriptor(std::span<const char> descriptor) noexcept {
+    return from_descriptor(std::as_bytes(descriptor));
   }
 
   /// False for an empty (default-constructed) MrRemote.

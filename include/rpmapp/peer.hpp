@@ -296,6 +296,8 @@ class Peer {
     });
   }
 
+  /// An empty Peer, as a moved-from one (every call is inval): for tables of slots.
+  Peer() noexcept = default;
   Peer(Peer&&) noexcept = default;
   /// Releases this handle as the destructor does, then takes `other`'s.
   Peer& operator=(Peer&& other) noexcept {

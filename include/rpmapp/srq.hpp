@@ -106,6 +106,8 @@ class Srq {
     });
   }
 
+  /// An empty Srq, as a moved-from one (every call is inval): for tables of slots.
+  Srq() noexcept = default;
   Srq(Srq&&) noexcept = default;
   /// Releases this handle as the destructor does, then takes `other`'s.
   Srq& operator=(Srq&& other) noexcept {

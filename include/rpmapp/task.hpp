@@ -11,6 +11,7 @@
 #include <coroutine>
 #include <exception>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -85,12 +86,25 @@ template <> struct TaskPromise<void> : TaskPromiseBase {
   }
 };
 
+template <class T> inline constexpr bool is_expected = false;
+template <class U> inline constexpr bool is_expected<expected<U>> = true;
+
+/// What co_await of an empty Task (moved from, or handed to spawn) gives: inval when T is an
+/// expected, else a thrown std::invalid_argument (which reaches the awaiting coroutine).
+template <class T> T empty_task_result() {
+  constexpr const char* reason = "co_await on an empty Task (moved from, or handed to spawn)";
+  if constexpr (is_expected<T>) return fail(Error(errc::inval, 0, "Task", reason));
+  else throw std::invalid_argument(reason);
+}
+
 }  // namespace detail
 
 /// A lazily started coroutine returning T. Start it by co_awaiting it (from another
 /// coroutine: the result, or the exception it let escape, comes back there), by spawn(),
 /// or by block_on(). Destroying a Task that has not finished destroys its frame (and so
-/// cancels what it awaited: the awaiters leave the loop).
+/// cancels what it awaited: the awaiters leave the loop). co_await on an empty Task (moved
+/// from, or handed to spawn) gives errc::inval when T is an expected, else throws
+/// std::invalid_argument in the awaiting coroutine.
 /// Thread safety: on the thread of the loop it runs on.
 template <class T> class Task {
  public:
@@ -117,7 +131,11 @@ template <class T> class Task {
     handle_.promise().continuation = awaiting;
     return handle_;
   }
-  T await_resume() { return handle_.promise().result(); }
+  T await_resume() {
+    if (!handle_) [[unlikely]]
+      return detail::empty_task_result<T>();
+    return handle_.promise().result();
+  }
 
  private:
   friend promise_type;
@@ -160,7 +178,8 @@ inline expected<void> spawn(EventLoop& loop, Task<void> task) noexcept {
 /// and coroutines run meanwhile. An exception escaping the task is rethrown here.
 /// Errors: the loop's (as run(): provider epoll_wait; unknown: a handler or spawned
 /// coroutine threw; the task is destroyed then); inval (empty loop or task, a task another
-/// coroutine is awaiting, or called from a handler or coroutine of the loop). When `T` is
+/// coroutine is awaiting, or called from a handler or coroutine of the loop; the loop
+/// destroyed by one of its handlers or coroutines before the task finished). When `T` is
 /// itself an expected, the two levels are returned as they are.
 /// Thread safety: on the loop's thread.
 template <class T> expected<T> block_on(EventLoop& loop, Task<T> task) noexcept(false) {
@@ -170,11 +189,23 @@ template <class T> expected<T> block_on(EventLoop& loop, Task<T> task) noexcept(
     return detail::fail(detail::invalid("block_on", "the task is already started by another coroutine"));
   if (loop.core()->dispatch_depth > 0)
     return detail::fail(detail::invalid("block_on", "called from a handler or coroutine of this loop"));
+  detail::LoopCore* core = loop.core();  // the task may destroy `loop`: only `core` from here
   bool finished = task.handle_.done();
   task.handle_.promise().finished = &finished;
-  if (!finished) task.handle_.resume();
+  bool destroyed = false;
+  if (!finished) {
+    ++core->dispatch_depth;  // its first step is one of the loop's coroutines too
+    task.handle_.resume();
+    --core->dispatch_depth;
+    if (core->doomed) {
+      destroyed = true;
+      if (auto failed = detail::LoopCore::destroy_doomed(core); !failed) return detail::fail(failed.error());
+    }
+  }
   while (!finished) {
-    auto ran = loop.run_once();
+    if (destroyed)
+      return detail::fail(detail::invalid("block_on", "the event loop was destroyed before the task finished"));
+    auto ran = detail::run_round(core, detail::Deadline(detail::Wait::forever()), destroyed);
     if (!ran) return detail::fail(ran.error());
   }
   if constexpr (std::is_void_v<T>) {

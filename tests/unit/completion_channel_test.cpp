@@ -5,6 +5,7 @@
 // connection found by polling, work as with a channel; the option with a shared
 // completion channel is inval; a shared receive queue's CQ keeps its own channel.
 #include "data_util.hpp"
+#include "loop_util.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -89,12 +90,6 @@ void check_cq_waits_inval(Cq cq) {
   CHECK(cq.native());
 }
 
-EventLoop make_loop() {
-  auto loop = EventLoop::create();
-  INFO((loop ? std::string() : loop.error().message()));
-  REQUIRE(loop);
-  return std::move(*loop);
-}
 
 }  // namespace
 

@@ -630,3 +630,39 @@ TEST_CASE("a shared receive queue: Conn::recv is inval, the QP is created with t
   }
   fake.expect_clean();
 }
+
+TEST_CASE("review 2.6: atomic_write checks the remote address's alignment, not the offset's",
+          "[data][atomic][review]") {
+  const std::array<std::byte, 8> value{};
+  fake::FakeProvider fake;
+  {
+    Setup s(fake);
+    const MrRemote odd = remote(0x7f0000001004ull, 4096, 0x1234u, MrUsage::write_dst);
+    const auto before = fake.posted().size();
+    auto r = s.conn.atomic_write(odd, 0, value);
+    REQUIRE_FALSE(r);
+    check_inval(r.error(), "Conn::atomic_write", "remote address 0x7f0000001004");
+    CHECK(posted_since(fake, before).empty());
+    REQUIRE(s.conn.atomic_write(odd, 4, value));
+    CHECK(only_post(fake, before).remote_addr == 0x7f0000001008ull);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2 (porting): atomic_write takes a std::uint64_t, its bytes as in memory",
+          "[data][atomic][review]") {
+  fake::FakeProvider fake;
+  {
+    Setup s(fake);
+    const std::uint64_t value = 0x0807060504030201ull;
+    const auto before = fake.posted().size();
+    REQUIRE(s.conn.atomic_write(peer_region, 8, value, Completion::always, 9));
+    const auto wr = only_post(fake, before);
+    std::vector<std::byte> bytes(8);
+    std::memcpy(bytes.data(), &value, 8);
+    CHECK(wr.inline_data == bytes);
+    CHECK(wr.remote_addr == 0x7f0000001008ull);
+    CHECK(wr.wr_id == 9);
+  }
+  fake.expect_clean();
+}

@@ -223,3 +223,28 @@ TEST_CASE("PeerConfig: descriptor round trip and malformed descriptors", "[descr
     check_inval(r.error(), "PeerConfig::from_descriptor", "not 0 or 1");
   }
 }
+
+TEST_CASE("review 2 (porting): descriptors to and from char buffers, as librpma programs keep them",
+          "[mr][descriptor][review]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Buffer buf(256);
+    MrLocal mr = reg(peer, buf, MrUsage::read_src | MrUsage::write_dst);
+    char data[32];
+    std::memset(data, 0x5a, sizeof data);
+    auto written = mr.write_descriptor(data);
+    REQUIRE(written);
+    REQUIRE(*written == mr_descriptor_size);
+    CHECK(static_cast<unsigned char>(data[mr_descriptor_size]) == 0x5a);  // nothing past it
+    auto remote = MrRemote::from_descriptor(std::span<const char>(data, *written));
+    REQUIRE(remote);
+    CHECK(remote->address() == addr_of(buf.data()));
+    CHECK(remote->size() == 256);
+    CHECK(remote->usage() == (MrUsage::read_src | MrUsage::write_dst));
+    char small[20];
+    check_inval(mr.write_descriptor(small).error(), "MrLocal::write_descriptor", "too small");
+    check_inval(MrRemote::from_descriptor(std::span<const char>(data, 20)).error(), "MrRemote::from_descriptor");
+  }
+  fake.expect_clean();
+}

@@ -6,6 +6,9 @@
 
 #include <cstdlib>
 #include <new>
+#include <optional>
+#include <type_traits>
+#include <vector>
 
 using namespace test;
 
@@ -172,6 +175,37 @@ TEST_CASE("issue 8.m: an allocation failing inside Conn::next_event is nomem nam
     REQUIRE(conn);
     fake.inject_event(*conn->fd(), RDMA_CM_EVENT_ESTABLISHED, "accepted");
     return armed(n, "Conn::next_event", [&] { return conn->next_event(); });
+  });
+  CHECK(allocations >= 1);
+}
+
+TEST_CASE("review 2.D: an allocation failing while EventLoop::serve takes a request reaches the "
+          "handler as nomem; the request kept or rejected",
+          "[edges][nomem][event_loop][review]") {
+  const long allocations = fail_each_allocation([&](fake::FakeProvider& fake, long n) {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    auto loop = EventLoop::create();
+    REQUIRE(loop);
+    std::optional<expected<ConnReq>> got;
+    auto reg = loop->serve(ep, [&](expected<ConnReq> req) {
+      if (!got) got.emplace(std::move(req));
+    });
+    REQUIRE(reg);
+    fake.inject_connect_request(*ep.fd(), {0, "hello"});
+    const std::size_t rejects = fake.rejects.size();
+    expected<std::size_t> ran = std::size_t{0};
+    {
+      FailAllocation failing(n);
+      ran = loop->run_once(std::chrono::milliseconds(0));
+    }
+    INFO((ran ? std::string() : ran.error().message()));
+    REQUIRE(ran);  // not "a handler threw"
+    REQUIRE(got);
+    if (*got) return true;
+    check_nomem(got->error(), "EventLoop::serve");
+    CHECK(fake.queued(*ep.fd()) + (fake.rejects.size() - rejects) == 1);
+    return false;
   });
   CHECK(allocations >= 1);
 }
@@ -354,4 +388,32 @@ TEST_CASE("issue 8.11: objects are released through the provider that made them"
     }
     fake.expect_clean();
   }
+}
+
+TEST_CASE("review 2 (porting): every handle type has an empty default state, as a moved-from "
+          "one, for librpma-style tables of slots",
+          "[edges][moved][review]") {
+  fake::FakeProvider fake;
+  {
+    static_assert(std::is_nothrow_default_constructible_v<Conn> && std::is_nothrow_default_constructible_v<Endpoint> &&
+                  std::is_nothrow_default_constructible_v<MrLocal> && std::is_nothrow_default_constructible_v<Srq> &&
+                  std::is_nothrow_default_constructible_v<Peer> && std::is_nothrow_default_constructible_v<ConnReq> &&
+                  std::is_nothrow_default_constructible_v<PendingConnReq>);
+    std::vector<Conn> slots(4);  // librpma's `struct rpma_conn *conns[4] = {NULL}`
+    for (const Conn& slot : slots) CHECK_FALSE(slot);
+    CHECK(std::move(slots[0]).close().error() == errc::inval);
+    CHECK(Conn().next_event().error() == errc::inval);
+    CHECK(Endpoint().next_conn_req().error() == errc::inval);
+    CHECK(MrLocal().descriptor().error() == errc::inval);
+    CHECK(Srq().rcq().error() == errc::inval);
+    CHECK(Peer().native_flush().error() == errc::inval);
+    CHECK(ConnReq().private_data().error() == errc::inval);
+    CHECK(PendingConnReq().try_wait().error() == errc::inval);
+    Peer peer = open_peer(fake);
+    auto conn = outgoing(peer).connect();
+    REQUIRE(conn);
+    slots[2] = std::move(*conn);
+    CHECK(slots[2]);
+  }
+  fake.expect_clean();
 }

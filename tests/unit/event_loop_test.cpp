@@ -3,12 +3,14 @@
 // registrations; shared listeners with a handler; stop()/wake() from other threads; every
 // provider call of the loop failing.
 #include "data_util.hpp"
+#include "loop_util.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -21,26 +23,6 @@ using namespace test;
 using namespace std::chrono_literals;
 
 namespace {
-
-EventLoop make_loop() {
-  auto loop = EventLoop::create();
-  INFO((loop ? std::string() : loop.error().message()));
-  REQUIRE(loop);
-  return std::move(*loop);
-}
-
-Registration registered(expected<Registration> reg) {
-  INFO((reg ? std::string() : reg.error().message()));
-  REQUIRE(reg);
-  REQUIRE(reg->active());
-  return std::move(*reg);
-}
-
-std::size_t ran(expected<std::size_t> n) {
-  INFO((n ? std::string() : n.error().message()));
-  REQUIRE(n);
-  return *n;
-}
 
 /// A non-blocking pipe (real fds). Declare it before the loop and the registrations that
 /// watch it: it must be closed after they are gone.
@@ -1383,25 +1365,27 @@ TEST_CASE("watch_completions: ibv_get_cq_event, ibv_req_notify_cq and ibv_poll_c
     }));
     const std::string err = std::to_string(kErr);
 
+    // ibv_get_cq_event: reported, and the queue is polled all the same; the event, still
+    // there, is taken in the next round.
     fake.add_completion(cq, completion(1));
     fake.fail("ibv_get_cq_event", kErr);
     CHECK(ran(loop.run_once(0ms)) == 1);
-    CHECK(seen == std::vector<std::string>{"error ibv_get_cq_event " + err});
-    CHECK(ran(loop.run_once(0ms)) == 1);  // the event is still there
-    CHECK(seen.back() == "batch 1");
+    CHECK(seen == std::vector<std::string>{"error ibv_get_cq_event " + err, "batch 1"});
+    CHECK(ran(loop.run_once(0ms)) == 1);
+    CHECK(seen.size() == 2);
+    CHECK(fake.armed(cq));
 
-    // ibv_poll_cq: the completion stays in the queue, the queue is armed: the next event
-    // brings it along.
+    // ibv_poll_cq: the completion stays in the queue, the queue is armed, and the waiter is
+    // due again: the next round brings it, without another completion (review 2.1).
     seen.clear();
     fake.add_completion(cq, completion(2));
     fake.fail("ibv_poll_cq", kErr);
     CHECK(ran(loop.run_once(0ms)) == 1);
-    CHECK(seen == std::vector<std::string>{"error ibv_poll_cq " + err});
+    CHECK(seen == std::vector<std::string>{"error ibv_poll_cq 0"});  // its value, not an errno (review 2.7)
     CHECK(fake.armed(cq));
     CHECK(fake.cq_entries(cq) == 1);
-    fake.add_completion(cq, completion(3));
     CHECK(ran(loop.run_once(0ms)) == 1);
-    CHECK(seen.back() == "batch 2 3");
+    CHECK(seen.back() == "batch 2");
 
     // ibv_req_notify_cq: reported, and the completions are still delivered.
     seen.clear();
@@ -1508,6 +1492,242 @@ TEST_CASE("watch: a connection found lost by its completions is reported by the 
     fake.inject_event(*conn.fd(), RDMA_CM_EVENT_DISCONNECTED);
     REQUIRE(loop.run_once(0ms));
     if (watched.active()) CHECK(events == std::vector<ConnEvent>{ConnEvent::lost, ConnEvent::closed});
+  }
+  fake.expect_clean();
+}
+
+// ---- the second review's defects (review 2.N) and decisions (review 2.D)
+
+namespace {
+
+/// What a watch_completions handler saw; it throws after batch `throw_after` (0-based).
+struct SeenCompletions {
+  std::vector<std::uint64_t> ids;
+  std::vector<std::size_t> batches;
+  std::vector<Error> errors;
+  int throw_after = -1;
+  std::function<void(expected<std::span<const ibv_wc>>)> handler() {
+    return [this](expected<std::span<const ibv_wc>> batch) {
+      if (!batch) {
+        errors.push_back(batch.error());
+        return;
+      }
+      batches.push_back(batch->size());
+      for (const auto& wc : *batch) ids.push_back(wc.wr_id);
+      if (static_cast<int>(batches.size()) - 1 == throw_after) throw std::runtime_error("the handler gave up");
+    };
+  }
+};
+
+std::vector<std::uint64_t> ids_from(std::uint64_t first, std::uint64_t count) {
+  std::vector<std::uint64_t> ids;
+  for (std::uint64_t i = 0; i < count; ++i) ids.push_back(first + i);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("review 2.1: watch_completions polls the queue empty: what one round leaves, the next "
+          "delivers without a new event",
+          "[event_loop][completions][review]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    ConnConfig cfg;
+    cfg.cq_size = 512;
+    Conn conn = connected(fake, peer, cfg);
+    ibv_cq* cq = *conn.cq()->native();
+    ibv_comp_channel* channel = cq->channel;
+    EventLoop loop = make_loop();
+    SeenCompletions seen;
+    auto reg = registered(loop.watch_completions(conn, seen.handler()));
+
+    SECTION("more than one round's 256 queued at once") {
+      for (std::uint64_t i = 0; i < 300; ++i) fake.add_completion(cq, completion(i));
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      CHECK(seen.ids.size() == 256);  // the round's budget: other sources get their turn
+      CHECK(fake.cq_events_queued(channel) == 0);  // the queue raises no new event
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      CHECK(seen.ids == ids_from(0, 300));
+    }
+    SECTION("the handler throws on the first of three batches") {
+      seen.throw_after = 0;
+      for (std::uint64_t i = 0; i < 40; ++i) fake.add_completion(cq, completion(i));
+      auto first = loop.run_once(0ms);
+      REQUIRE_FALSE(first);
+      CHECK(first.error().code() == errc::unknown);
+      CHECK_THAT(str(first.error().message()), Catch::Contains("the handler gave up"));
+      CHECK(seen.ids.size() == 16);
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      CHECK(seen.batches == std::vector<std::size_t>{16, 16, 8});
+      CHECK(seen.ids == ids_from(0, 40));
+    }
+    SECTION("ibv_poll_cq fails") {
+      fake.add_completion(cq, completion(7));
+      fake.fail("ibv_poll_cq", kErr);
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      REQUIRE(seen.errors.size() == 1);
+      CHECK(seen.ids.empty());
+      CHECK(ran(loop.run_once(0ms)) == 1);  // retried: the completion comes without another
+      CHECK(seen.ids == std::vector<std::uint64_t>{7});
+    }
+    SECTION("ibv_req_notify_cq fails: retried in the next round, so the next completion comes") {
+      fake.add_completion(cq, completion(1));
+      fake.fail("ibv_req_notify_cq", kErr);
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      REQUIRE(seen.errors.size() == 1);
+      check_injected(seen.errors[0], "ibv_req_notify_cq", kErr);
+      CHECK(seen.ids == std::vector<std::uint64_t>{1});
+      CHECK_FALSE(fake.armed(cq));
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      CHECK(fake.armed(cq));
+      fake.add_completion(cq, completion(2));
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      CHECK(seen.ids == std::vector<std::uint64_t>{1, 2});
+      CHECK(seen.errors.size() == 1);
+    }
+    CHECK(ran(loop.run_once(0ms)) == 0);  // drained: nothing due
+    CHECK(fake.armed(cq));
+    CHECK(fake.alive("unacked_cq_event") == 0);
+  }
+  CHECK(fake.closed_while_watched() == 0);
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.2: serve holds the Srq's queue: the handle destroyed or moved after the call, "
+          "every later request still gets it",
+          "[event_loop][serve][srq][review]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    EventLoop loop = make_loop();
+    auto made = Srq::create(peer, SrqConfig{8, 0});
+    REQUIRE(made);
+    std::vector<Srq> queues;  // grows: its elements move
+    queues.push_back(std::move(*made));
+    ibv_srq* native = *queues[0].native();
+    ConnConfig cfg;
+    cfg.srq = &queues[0];
+    std::vector<Conn> accepted;
+    std::vector<Error> errors;
+    auto reg = registered(loop.serve(ep, [&](expected<ConnReq> req) {
+      if (!req) {
+        errors.push_back(req.error());
+        return;
+      }
+      auto conn = std::move(*req).connect();
+      if (conn) accepted.push_back(std::move(*conn));
+      else errors.push_back(conn.error());
+    }, cfg));
+    SECTION("destroyed") { queues.clear(); }
+    SECTION("moved") {
+      for (int i = 0; i < 8; ++i) {
+        auto more = Srq::create(peer, SrqConfig{1, 0});
+        REQUIRE(more);
+        queues.push_back(std::move(*more));
+      }
+    }
+    for (int i = 0; i < 2; ++i) fake.inject_connect_request(*ep.fd(), {});
+    CHECK(ran(loop.run_once(0ms)) == 1);
+    for (const auto& e : errors) INFO(e.message());
+    CHECK(errors.empty());
+    REQUIRE(accepted.size() == 2);
+    for (const Conn& conn : accepted) CHECK((*conn.qp())->srq == native);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.3: a handler destroys the loop that runs it: the loop goes when the handler "
+          "returns, the run call returns",
+          "[event_loop][lifetime][review]") {
+  fake::FakeProvider fake;
+  {
+    Pipe pipe;
+    std::optional<EventLoop> loop(make_loop());
+    int calls = 0;
+    auto reg = registered(loop->watch_fd(pipe.r, EPOLLIN, [&](std::uint32_t) {
+      ++calls;
+      loop.reset();
+    }));
+    pipe.put("x");  // stays readable: only the loop's end ends run()
+    SECTION("run") {
+      CHECK(loop->run());
+    }
+    SECTION("run_once") {
+      CHECK(loop->run_once(0ms));
+    }
+    CHECK_FALSE(loop);
+    CHECK(calls == 1);
+    CHECK_FALSE(reg.active());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.7: ibv_poll_cq returning a negative value in the loop is that value, not an errno",
+          "[event_loop][completions][review]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Conn conn = connected(fake, peer);
+    ibv_cq* cq = *conn.cq()->native();
+    EventLoop loop = make_loop();
+    SeenCompletions seen;
+    auto reg = registered(loop.watch_completions(conn, seen.handler()));
+    for (int returned : {-1, -12}) {
+      fake.add_completion(cq, completion(1));
+      fake.poll_cq_returns(cq, returned);
+      seen.errors.clear();
+      CHECK(ran(loop.run_once(0ms)) == 1);
+      REQUIRE(seen.errors.size() == 1);
+      const Error& e = seen.errors[0];
+      CHECK(e.code() == errc::provider);  // -12 is not ENOMEM's nomem
+      CHECK(e.sys_errno() == 0);          // -1 is not EPERM
+      CHECK(str(e.call()) == "ibv_poll_cq");
+      CHECK_THAT(str(e.message()), Catch::Contains("returned " + std::to_string(returned)));
+      CHECK(ran(loop.run_once(0ms)) == 1);  // then the completion
+      seen.ids.clear();
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.D: watch_completions: EIO from ibv_get_cq_event (the device is gone) is "
+          "passed on once and ends the registration",
+          "[event_loop][completions][review]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Conn conn = connected(fake, peer);
+    ibv_cq* cq = *conn.cq()->native();
+    EventLoop loop = make_loop();
+    SeenCompletions seen;
+    auto reg = registered(loop.watch_completions(conn, seen.handler()));
+    fake.add_completion(cq, completion(1));
+    fake.fail("ibv_get_cq_event", EIO);
+    CHECK(ran(loop.run_once(0ms)) == 1);
+    REQUIRE(seen.errors.size() == 1);
+    check_injected(seen.errors[0], "ibv_get_cq_event", EIO);
+    CHECK_FALSE(reg.active());
+    CHECK(watched_sources(fake, loop) == 0);
+    CHECK(ran(loop.run_once(0ms)) == 0);
+    CHECK(seen.errors.size() == 1);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.D: the source goes, then the loop, then the registration", "[event_loop][lifetime][review]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    std::optional<Conn> conn(connected(fake, peer));
+    std::optional<EventLoop> loop(make_loop());
+    auto reg = registered(loop->watch(*conn, [](expected<ConnEvent>) {}));
+    conn.reset();
+    CHECK_FALSE(reg.active());
+    loop.reset();
+    reg.reset();  // touches nothing of the loop
+    CHECK_FALSE(reg.active());
   }
   fake.expect_clean();
 }

@@ -346,7 +346,7 @@ TEST_CASE("MrLocal::descriptor: librpma's 21 bytes, little-endian", "[mr][descri
       REQUIRE_FALSE(n);
       check_inval(n.error(), "MrLocal::write_descriptor", "too small");
       CHECK(out.untouched());
-      CHECK_FALSE(mr.write_descriptor({}));
+      CHECK_FALSE(mr.write_descriptor(std::span<std::byte>()));
       CHECK(out.untouched());
     }
   }

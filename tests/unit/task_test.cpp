@@ -4,6 +4,7 @@
 // came later; each is cancelled by each cause (timeout, stop() from the loop's thread and
 // from another, the awaited object destroyed, the loop destroyed), resumed exactly once.
 #include "data_util.hpp"
+#include "loop_util.hpp"
 
 #include <rpmapp/event_loop.hpp>
 #include <rpmapp/log.hpp>
@@ -27,18 +28,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
-
-// A bound for waits that should end long before it: a hang fails instead of blocking.
-constexpr auto generous = 3000ms;
-
-EventLoop make_loop() {
-  auto loop = EventLoop::create();
-  INFO((loop ? std::string() : loop.error().message()));
-  REQUIRE(loop);
-  return std::move(*loop);
-}
 
 std::span<const std::byte> bytes_of(std::string_view s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
@@ -46,54 +36,6 @@ std::span<const std::byte> bytes_of(std::string_view s) {
 
 std::string text_of(std::span<const std::byte> b) {
   return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
-
-/// Runs `loop` until `done()` or `bound` passed; whether done() became true.
-template <class Done> bool run_until(EventLoop& loop, Done done, ms bound = generous) {
-  const auto end = Clock::now() + bound;
-  while (!done() && Clock::now() < end) {
-    auto ran = loop.run_once(5ms);
-    INFO((ran ? std::string() : ran.error().message()));
-    REQUIRE(ran);
-  }
-  return done();
-}
-
-/// A few turns of the loop that must find nothing more to resume.
-void settle(EventLoop& loop) {
-  for (int i = 0; i < 5; ++i) REQUIRE(loop.run_once(1ms));
-}
-
-/// Counts destroyed coroutine frames (a by-value parameter lives in the frame).
-struct FrameMark {
-  int* destroyed = nullptr;
-  explicit FrameMark(int* d) : destroyed(d) {}
-  FrameMark(FrameMark&& o) noexcept : destroyed(std::exchange(o.destroyed, nullptr)) {}
-  ~FrameMark() {
-    if (destroyed != nullptr) ++*destroyed;
-  }
-};
-
-template <class Make>
-using AwaitResult = decltype(std::declval<std::invoke_result_t<Make&>>().await_resume());
-
-/// What one awaiting coroutine saw.
-template <class R> struct Outcome {
-  int started = 0;
-  int resumed = 0;  // incremented after the co_await: more than 1 is a double resumption
-  std::optional<R> result;
-  Clock::time_point at{};
-  bool suspended() const { return started == 1 && resumed == 0; }
-};
-
-/// Awaits `make()` once and records the outcome.
-template <class Make, class R = AwaitResult<Make>>
-Task<void> await_once(Make make, Outcome<R>& out, [[maybe_unused]] FrameMark mark = FrameMark(nullptr)) {
-  ++out.started;
-  auto result = co_await make();
-  ++out.resumed;
-  out.at = Clock::now();
-  out.result.emplace(std::move(result));
 }
 
 /// A coroutine type of the test's own (awaiters work with any): runs at once up to its first
@@ -1203,6 +1145,206 @@ TEST_CASE("next_event: a coroutine waiting on a connection resumes with lost whe
     REQUIRE(*read);
     CHECK((*read)->front().status == IBV_WC_RETRY_EXC_ERR);
     CHECK(*seen == ConnEvent::lost);
+  }
+  fake.expect_clean();
+}
+
+// ---- the second review's defects (review 2.N) and decisions (review 2.D)
+
+TEST_CASE("review 2.1: co_await completions re-arms a queue an earlier await could not: the next "
+          "completion comes",
+          "[task][await][completions][review]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    Conn conn = connected(fake, peer);
+    ibv_cq* cq = *conn.cq()->native();
+    ibv_wc wc[4]{};
+    // The first completion is polled before its event is taken; the second await takes the
+    // event, and its re-arm fails.
+    fake.add_completion(cq, completion(1));
+    {
+      Outcome<expected<std::span<ibv_wc>>> first;
+      REQUIRE(spawn(loop, await_once([&] { return loop.completions(conn, wc); }, first)));
+      REQUIRE(run_until(loop, [&] { return first.resumed > 0; }));
+      REQUIRE(*first.result);
+      CHECK(wc[0].wr_id == 1);
+    }
+    fake.fail("ibv_req_notify_cq", kErr);
+    Outcome<expected<std::span<ibv_wc>>> failed;
+    REQUIRE(spawn(loop, await_once([&] { return loop.completions(conn, wc, CqKind::main, 500ms); }, failed)));
+    REQUIRE(run_until(loop, [&] { return failed.resumed > 0; }));
+    REQUIRE_FALSE(*failed.result);
+    check_injected(failed.result->error(), "ibv_req_notify_cq", kErr);
+    CHECK_FALSE(fake.armed(cq));
+
+    Outcome<expected<std::span<ibv_wc>>> next;
+    REQUIRE(spawn(loop, await_once([&] { return loop.completions(conn, wc, CqKind::main, 2000ms); }, next)));
+    settle(loop);
+    CHECK(next.suspended());
+    CHECK(fake.armed(cq));  // re-armed before it waits
+    fake.add_completion(cq, completion(2));
+    REQUIRE(run_until(loop, [&] { return next.resumed > 0; }));
+    INFO((*next.result ? std::string() : next.result->error().message()));
+    REQUIRE(*next.result);
+    CHECK(wc[0].wr_id == 2);
+  }
+  CHECK(fake.alive("unacked_cq_event") == 0);
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.2: co_await next_conn_req holds the Srq's queue: the handle destroyed during the "
+          "await, the request still gets it",
+          "[task][await][srq][review]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    std::optional<Srq> srq;
+    {
+      auto made = Srq::create(peer, SrqConfig{8, 0});
+      REQUIRE(made);
+      srq.emplace(std::move(*made));
+    }
+    ibv_srq* native = *srq->native();
+    Outcome<expected<ConnReq>> out;
+    {
+      ConnConfig cfg;  // gone with the call's scope too
+      cfg.srq = &*srq;
+      REQUIRE(spawn(loop, await_once([&loop, &ep, cfg] { return loop.next_conn_req(ep, cfg); }, out)));
+      settle(loop);
+    }
+    CHECK(out.suspended());
+    srq.reset();
+    fake.inject_connect_request(*ep.fd(), {});
+    REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+    INFO((*out.result ? std::string() : out.result->error().message()));
+    REQUIRE(*out.result);
+    auto conn = std::move(**out.result).connect();
+    REQUIRE(conn);
+    CHECK((*conn->qp())->srq == native);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.3: a coroutine destroys the loop that runs it: the loop goes when it suspends",
+          "[task][lifetime][review]") {
+  fake::FakeProvider fake;
+  {
+    std::optional<EventLoop> loop(make_loop());
+    int frames = 0;
+    Outcome<expected<void>> sleeper;  // another owned coroutine: destroyed with the loop
+    REQUIRE(spawn(*loop, await_once([&] { return loop->sleep_for(1h); }, sleeper, FrameMark(&frames))));
+    SECTION("a spawned one, after an await") {
+      auto destroyer = [&]() -> Task<void> {
+        if (auto slept = co_await loop->sleep_for(1ms); !slept) FAIL(slept.error().message());
+        loop.reset();
+      };
+      REQUIRE(spawn(*loop, destroyer()));
+      CHECK(loop->run());
+      CHECK(sleeper.started == 1);
+    }
+    SECTION("block_on's, which finishes") {
+      auto destroyer = [&]() -> Task<int> {
+        if (auto slept = co_await loop->sleep_for(1ms); !slept) FAIL(slept.error().message());
+        loop.reset();
+        co_return 5;
+      };
+      auto r = block_on(*loop, destroyer());
+      REQUIRE(r);
+      CHECK(*r == 5);
+      CHECK(sleeper.started == 1);
+    }
+    SECTION("block_on's, in its first step, without finishing") {
+      auto destroyer = [&]() -> Task<int> {
+        loop.reset();
+        co_await std::suspend_always{};
+        co_return 5;
+      };
+      auto r = block_on(*loop, destroyer());
+      REQUIRE_FALSE(r);
+      check_inval(r.error(), "block_on", "destroyed before the task finished");
+    }
+    CHECK_FALSE(loop);
+    CHECK(frames == 1);  // started or not, its frame went with the loop
+    CHECK(sleeper.resumed == 0);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.4: a timeout of milliseconds::max() is no limit (no overflow)",
+          "[task][await][review]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    Conn conn = connected(fake, peer);
+    Outcome<expected<ConnEvent>> event;
+    Outcome<expected<void>> slept;
+    REQUIRE(spawn(loop, await_once([&] { return loop.next_event(conn, ms::max()); }, event)));
+    REQUIRE(spawn(loop, await_once([&] { return loop.sleep_for(ms::max()); }, slept)));
+    REQUIRE(loop.run_for(50ms));
+    CHECK(event.suspended());
+    CHECK(slept.suspended());
+    loop.stop();
+    REQUIRE(loop.run());
+    REQUIRE(event.resumed == 1);
+    REQUIRE(slept.resumed == 1);
+    CHECK_THAT(str(event.result->error().message()), Catch::Contains("stopped"));
+    CHECK_THAT(str(slept.result->error().message()), Catch::Contains("stopped"));
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.5: co_await on an empty Task: inval for an expected, std::invalid_argument otherwise",
+          "[task][review]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    auto value = []() -> Task<expected<int>> { co_return 1; };
+    auto plain = []() -> Task<void> { co_return; };
+    auto outer = [&]() -> Task<std::string> {
+      std::string seen;
+      Task<expected<int>> moved_from = value();
+      Task<expected<int>> taken = std::move(moved_from);
+      auto r = co_await moved_from;
+      if (!r && r.error() == errc::inval && str(r.error().call()) == "Task") seen += "inval[" + str(r.error().reason()) + "];";
+      Task<void> spawned = plain();
+      if (!spawn(loop, std::move(spawned))) seen += "spawn failed;";
+      try {
+        co_await spawned;
+        seen += "no exception;";
+      } catch (const std::invalid_argument& e) {
+        seen += "thrown[" + std::string(e.what()) + "];";
+      }
+      if (auto v = co_await taken; v && *v == 1) seen += "the moved one works";
+      co_return seen;
+    };
+    auto r = block_on(loop, outer());
+    REQUIRE(r);
+    const std::string reason = "co_await on an empty Task (moved from, or handed to spawn)";
+    CHECK(*r == "inval[" + reason + "];thrown[" + reason + "];the moved one works");
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("review 2.D: co_await completions(CqKind::receive) on a shared completion channel is inval",
+          "[task][await][review]") {
+  fake::FakeProvider fake;
+  {
+    EventLoop loop = make_loop();
+    Peer peer = open_peer(fake);
+    ConnConfig cfg;
+    cfg.rcq_size = 8;
+    cfg.shared_completion_channel = true;
+    Conn conn = connected(fake, peer, cfg);
+    ibv_wc wc[1]{};
+    Outcome<expected<std::span<ibv_wc>>> out;
+    Eager co = eager_once([&] { return loop.completions(conn, wc, CqKind::receive); }, out);
+    REQUIRE(out.resumed == 1);
+    check_inval(out.result->error(), "EventLoop::completions", "CqKind::main");
   }
   fake.expect_clean();
 }

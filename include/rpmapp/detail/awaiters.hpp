@@ -36,7 +36,7 @@ class Awaiter : public Waiter {
   bool await_suspend(std::coroutine_handle<> waiting) noexcept {
     waiting_ = waiting;
     if (auto ok = self().watch(); !ok) return !finish(ok.error());  // resume at once
-    if (timeout_.count() >= 0) core_->set_deadline(*this, clock::now() + timeout_);
+    if (timeout_.count() >= 0) core_->set_deadline(*this, deadline_after(timeout_));
     return true;
   }
   Result await_resume() noexcept { return self().take(); }

@@ -46,6 +46,10 @@ struct ConnectionCore {
   /// Told by the connection's queues when the peer stopped answering; tells `watchers`.
   PathMonitor path{false, &watchers};
   bool completion_fds_nonblocking = false;  // an event loop made them O_NONBLOCK
+  /// The main CQ [0] and the receive CQ [1] whose event an event loop took and which it has
+  /// not re-armed yet (ibv_req_notify_cq failed): such a queue raises no event until then,
+  /// so the loop re-arms it before it next polls or waits (ChannelQueues).
+  bool rearm_due[2] = {false, false};
   /// Event loops waiting on this connection: last, so they are told before anything is
   /// released (their fds leave epoll sets while still open).
   SourceLink watchers;
@@ -160,19 +164,27 @@ inline expected<void> check_config(const char* call, const ConnConfig& cfg) noex
   return {};
 }
 
-/// Takes a share of ConnConfig::srq's queue for `core` (whose peer is known), so that the
-/// queue outlives the connection whatever happens to the Srq handle.
-/// Errors: inval: the Srq is empty, on another Peer than the connection's, or has its own CQ
+/// ConnConfig::srq's queue: what a config kept for later requests (EventLoop::serve,
+/// co_await next_conn_req) holds instead of the pointer, so that the Srq handle may be
+/// moved or destroyed once the call returns. Null without one (or with an empty Srq, which
+/// check_config refuses).
+inline std::shared_ptr<SrqState> srq_of(const ConnConfig& cfg) noexcept {
+  return cfg.srq != nullptr && *cfg.srq ? cfg.srq->state() : nullptr;
+}
+
+/// Gives `core` (whose peer is known) a share of the shared receive queue `srq` (none:
+/// nothing), so that the queue outlives the connection whatever happens to the Srq handle.
+/// Errors: inval: the queue is on another Peer than the connection's, or has its own CQ
 /// while the connection wants a shared completion channel (librpma's rule).
-inline expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg) noexcept {
-  if (cfg.srq == nullptr) return {};
-  if (!*cfg.srq) return fail(invalid(call, "srq points at an empty Srq (moved from or closed)"));
-  if (cfg.srq->state()->peer->pd.get() != core.peer->pd.get())
+inline expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg,
+                                 const std::shared_ptr<SrqState>& srq) noexcept {
+  if (!srq) return {};
+  if (srq->peer->pd.get() != core.peer->pd.get())
     return fail(invalid(call, "the shared receive queue belongs to another Peer than the connection's"));
-  if (cfg.shared_completion_channel && cfg.srq->state()->rcq)
+  if (cfg.shared_completion_channel && srq->rcq)
     return fail(invalid(call, "a shared completion channel cannot carry the receive completions of a "
                               "shared receive queue with its own CQ (as librpma)"));
-  core.srq = cfg.srq->state();
+  core.srq = srq;
   return {};
 }
 

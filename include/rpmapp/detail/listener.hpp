@@ -315,10 +315,12 @@ inline long handle_count(const ListenerState& state) {
 }
 
 /// Takes the next CONNECT_REQUEST of `listener` and builds the request's resources: its
-/// cm_id (rejected if anything fails), queue pair, and an event channel of its own.
+/// cm_id (rejected if anything fails), queue pair on `srq` (config.srq's queue, srq_of),
+/// and an event channel of its own.
 inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call,
                                                                 ListenerState& listener,
                                                                 const ConnConfig& config,
+                                                                const std::shared_ptr<SrqState>& srq,
                                                                 Wait wait) {
   auto core = std::make_unique<ConnectionCore>();
   core->teardown = {call, LogLevel::notice};  // until a ConnReq owns it
@@ -351,7 +353,7 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
     return fail(invalid(call, "a request arrived on device {}, for which the endpoint has no peer",
                         device));
   core->device = device;
-  if (auto ok = attach_srq(call, *core, config); !ok) return fail(ok.error());
+  if (auto ok = attach_srq(call, *core, config, srq); !ok) return fail(ok.error());
   if (auto made = create_queues(*core, config); !made) return fail(made.error());
   core->config.srq = nullptr;  // the queue is held by core->srq from here on
   if (auto acked = ack(*event); !acked) return fail(acked.error());

@@ -67,6 +67,14 @@ struct OwnedTask {
   ~OwnedTask() = default;
 };
 
+/// `timeout` from now, saturated at the clock's end: milliseconds::max() (the usual way to
+/// write "forever") would overflow steady_clock's nanoseconds.
+inline Waiter::clock::time_point deadline_after(std::chrono::milliseconds timeout) noexcept {
+  const auto now = Waiter::clock::now();
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(Waiter::clock::time_point::max() - now);
+  return timeout >= left ? Waiter::clock::time_point::max() : now + timeout;
+}
+
 class LoopCore {
  public:
   static constexpr std::uint64_t wake_token = ~std::uint64_t{0};
@@ -78,6 +86,9 @@ class LoopCore {
   std::atomic<bool> stop_requested{false};
   bool stopping = false;  // coroutines are being cancelled by stop(): new awaits fail at once
   int dispatch_depth = 0;
+  /// Its EventLoop was destroyed by one of its handlers or coroutines: the run call in
+  /// progress stops dispatching and destroys the core once that dispatch is over.
+  bool doomed = false;
   bool failed = false;  // a handler threw since the last report
   Error failure;
   OwnedTask* owned = nullptr;
@@ -112,13 +123,14 @@ class LoopCore {
       disown(*t);
       t->destroy_owned();
     }
-    while (Waiter* w = posted_head) {
-      posted_head = w->post_next;
-      w->posted = false;
-      w->post_next = nullptr;
-      w->loop = nullptr;
-      w->loop_gone();
-    }
+    for (Waiter** head : {&posted_head, &next_head})
+      while (Waiter* w = *head) {
+        *head = w->post_next;
+        w->posted = false;
+        w->post_next = nullptr;
+        w->loop = nullptr;
+        w->loop_gone();
+      }
     for (auto& s : slots) {
       if (s.waiter == nullptr) continue;
       Waiter* w = s.waiter;
@@ -171,11 +183,13 @@ class LoopCore {
     return {};
   }
 
-  /// Takes `w` out of the epoll set, its deadline and the posted work.
+  /// Takes `w` out of the epoll set, its deadline and the posted work: it no longer
+  /// refers to the loop.
   void remove(Waiter& w) noexcept {
     unwatch(w);
     clear_deadline(w);
     unpost(w);
+    w.loop = nullptr;
   }
 
   /// Takes `w` out of the epoll set only (its deadline stays): before a call that may
@@ -230,15 +244,22 @@ class LoopCore {
     post(w);
     w.signalled = true;
   }
+  /// Runs w.ready(EPOLLIN) at the start of the next run_once, after this round: a source
+  /// with more to do than one round's share (a completion queue not drained) takes its
+  /// turn after the others. Nothing if `w` is posted already.
+  void post_next_round(Waiter& w) noexcept {
+    if (w.posted) return;
+    w.loop = this;
+    w.posted = true;
+    w.signalled = true;
+    w.post_next = nullptr;
+    if (next_tail != nullptr) next_tail->post_next = &w;
+    else next_head = &w;
+    next_tail = &w;
+  }
   void unpost(Waiter& w) noexcept {
     if (!w.posted) return;
-    Waiter* prev = nullptr;
-    for (Waiter* at = posted_head; at != nullptr; prev = at, at = at->post_next)
-      if (at == &w) {
-        (prev != nullptr ? prev->post_next : posted_head) = w.post_next;
-        if (posted_tail == &w) posted_tail = prev;
-        break;
-      }
+    if (!unlink(w, posted_head, posted_tail)) unlink(w, next_head, next_tail);
     w.posted = false;
     w.signalled = false;
     w.post_next = nullptr;
@@ -282,6 +303,11 @@ class LoopCore {
   /// Waits until `deadline` for something to do, and does it: ready fds, expired
   /// deadlines, posted work. Returns how many waiters it ran.
   expected<std::size_t> run_once(const Deadline& deadline) noexcept {
+    if (next_head != nullptr) {  // the last round's leftovers join this round's posted work
+      (posted_tail != nullptr ? posted_tail->post_next : posted_head) = next_head;
+      posted_tail = next_tail;
+      next_head = next_tail = nullptr;
+    }
     std::size_t ran = run_posted();
     epoll_event events[batch];
     int n;
@@ -320,6 +346,7 @@ class LoopCore {
         note_exception(std::current_exception());
       }
       --dispatch_depth;
+      if (doomed) return ran;  // the rest of the batch went with the loop
     }
     ran += expire();
     ran += run_posted();
@@ -338,6 +365,21 @@ class LoopCore {
     }
     run_posted();
     stopping = false;
+  }
+
+  /// The failure a handler left since the last call, if any.
+  expected<void> take_failure() noexcept {
+    if (!failed) return {};
+    failed = false;
+    return fail(failure);
+  }
+
+  /// Destroys a doomed core once its run call's dispatch is over; the failure a handler
+  /// left, if any, is returned.
+  static expected<void> destroy_doomed(LoopCore* core) noexcept {
+    auto result = core->take_failure();
+    delete core;
+    return result;
   }
 
   void wake() noexcept {
@@ -367,7 +409,7 @@ class LoopCore {
       Waiter* next = w->timer_next;
       if (w->deadline <= now) {
         remove(*w);
-        w->timed_out();
+        w->timed_out();  // posts what it resumes: no user code runs here
         ++ran;
         next = timers;  // timed_out may have changed the list: start over
       }
@@ -395,6 +437,7 @@ class LoopCore {
       }
       --dispatch_depth;
       ++ran;
+      if (doomed) return ran;
     }
     return ran;
   }
@@ -405,12 +448,44 @@ class LoopCore {
       log(LogLevel::warning, "EventLoop::run", provider_error("read", errno, "the loop's eventfd"));
   }
 
+  // Takes `w` out of the list [head, tail]; whether it was there.
+  static bool unlink(Waiter& w, Waiter*& head, Waiter*& tail) noexcept {
+    Waiter* prev = nullptr;
+    for (Waiter* at = head; at != nullptr; prev = at, at = at->post_next)
+      if (at == &w) {
+        (prev != nullptr ? prev->post_next : head) = w.post_next;
+        if (tail == &w) tail = prev;
+        return true;
+      }
+    return false;
+  }
+
   std::vector<Slot> slots;
   std::vector<std::uint32_t> free_slots;
   Waiter* timers = nullptr;
   Waiter* posted_head = nullptr;
   Waiter* posted_tail = nullptr;
+  Waiter* next_head = nullptr;  // post_next_round's, for the next run_once
+  Waiter* next_tail = nullptr;
 };
+
+/// One round of `core` (EventLoop::run_once, block_on): a pending stop() cancels the
+/// awaiting coroutines (0 ran); else waits until `deadline` and runs what is ready. Returns
+/// how many ran, or the failure a handler left. When a handler or coroutine destroyed the
+/// loop meanwhile, destroys the core and sets `destroyed`.
+inline expected<std::size_t> run_round(LoopCore* core, const Deadline& deadline, bool& destroyed) noexcept {
+  expected<std::size_t> ran = std::size_t{0};
+  if (core->stop_requested.exchange(false)) core->cancel_awaiters();
+  else ran = core->run_once(deadline);
+  if (core->doomed) {
+    destroyed = true;
+    if (auto failed = LoopCore::destroy_doomed(core); !failed) return fail(failed.error());
+    return ran;
+  }
+  if (!ran) return ran;
+  if (auto failed = core->take_failure(); !failed) return fail(failed.error());
+  return ran;
+}
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE

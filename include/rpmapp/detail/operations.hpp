@@ -48,11 +48,14 @@ inline expected<void> atomic_write(const char* call, ConnectionCore& core, const
                                    Completion when, std::uint64_t context) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
     return ok;
-  if (dst_offset % 8 != 0) [[unlikely]]
-    return fail(invalid(call, "remote offset {} is not 8-byte aligned", dst_offset));
   if (auto ok = check_remote(call, dst, dst_offset, 8, MrUsage::write_dst); !ok) [[unlikely]]
     return ok;
+  // The address, not the offset: a peer's region may start anywhere, and an unaligned
+  // target fails the native operation at the responder and may tear the emulated one.
   const std::uint64_t remote = dst.address() + dst_offset;
+  if (remote % 8 != 0) [[unlikely]]
+    return fail(invalid(call, "remote address 0x{:x} (the region's 0x{:x} + offset {}) is not 8-byte aligned",
+                        remote, dst.address(), dst_offset));
   if (core.peer->native_atomic_write) {
     const int rc = provider().post_atomic_write(qp_of(core), context, signaled(when), dst.rkey(),
                                                 remote, value.data());
