@@ -7,8 +7,8 @@
 #include <rpmapp/conn.hpp>
 #include <rpmapp/conn_req.hpp>
 #include <rpmapp/cq.hpp>
-#include <rpmapp/detail/awaiters.hpp>
-#include <rpmapp/detail/channel_queues.hpp>
+#include <rpmapp/detail/handler_waiters.hpp>
+#include <rpmapp/detail/loop_awaiters.hpp>
 #include <rpmapp/detail/loop_core.hpp>
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
@@ -24,334 +24,6 @@
 #include <utility>
 
 RPMAPP_BEGIN_NAMESPACE
-
-class EventLoop;
-
-namespace detail {
-
-/// A ConnConfig kept for every later request of a listener (EventLoop::serve, co_await
-/// next_conn_req): its Srq's queue held, not the pointer (the handle may move or go).
-struct KeptConfig {
-  explicit KeptConfig(const ConnConfig& cfg) noexcept : config(cfg), srq(srq_of(cfg)) { config.srq = nullptr; }
-  ConnConfig config;
-  std::shared_ptr<SrqState> srq;
-};
-
-/// The sources' internals the loop works with.
-struct LoopAccess {
-  static ListenerState* listener(const Endpoint& e) noexcept { return e.state_.get(); }
-  static SourceLink& link(Endpoint& e) noexcept { return e.watchers_; }
-  static ConnectionCore* core(const Conn& c) noexcept { return c.core_.get(); }
-  static ConnectionCore* core(const PendingConnReq& r) noexcept { return r.core_.get(); }
-  static expected<ConnReq> take_request(const char* call, ListenerState& listener, const KeptConfig& kept) {
-    auto core = accept_request(call, listener, kept.config, kept.srq, Wait::none());
-    if (!core) return fail(core.error());
-    return ConnReq(std::move(*core), true);
-  }
-};
-
-
-/// Makes a connection's completion channels non-blocking (once): a loop reads them only
-/// after epoll said readable, but never blocks should another reader have taken the event.
-/// A connection without channels (ConnConfig::completion_channel false) has none to change.
-inline expected<void> completion_fds_nonblocking(ConnectionCore& core) noexcept {
-  if (core.completion_fds_nonblocking) return {};
-  for (ibv_comp_channel* channel : {core.comp_channel.get(), core.rcq_channel.get()}) {
-    if (channel == nullptr) continue;
-    const Provider& p = provider();
-    errno = 0;
-    const int flags = p.fcntl(channel->fd, F_GETFL, 0);
-    if (flags < 0) return fail(provider_error("fcntl", errno, "F_GETFL on a completion channel"));
-    errno = 0;
-    if (!(flags & O_NONBLOCK) && p.fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0)
-      return fail(provider_error("fcntl", errno, "F_SETFL O_NONBLOCK on a completion channel"));
-  }
-  core.completion_fds_nonblocking = true;
-  return {};
-}
-
-/// co_await loop.next_conn_req(endpoint): the next connection request.
-class NextConnReqAwaiter final : public Awaiter<NextConnReqAwaiter, expected<ConnReq>> {
- public:
-  NextConnReqAwaiter(LoopCore* core, Endpoint& endpoint, const ConnConfig& config,
-                     std::chrono::milliseconds timeout) noexcept
-      : Awaiter(core, "EventLoop::next_conn_req", timeout),
-        listener_(LoopAccess::listener(endpoint)),
-        source_(&LoopAccess::link(endpoint)),
-        config_ok_(check_config(call(), config)),
-        config_(config) {}
-
-  bool attempt() noexcept {
-    if (listener_ == nullptr) return finish(invalid(call(), "the endpoint is empty (moved from or shut down)"));
-    if (!config_ok_) return finish(config_ok_.error());
-    auto request = no_throw(call(), [&] { return LoopAccess::take_request(call(), *listener_, config_); });
-    if (!request && request.error() == errc::no_event) return false;
-    result_.emplace(std::move(request));
-    return true;
-  }
-  expected<void> watch() noexcept { return watch_fd(listener_->channel->fd, source_); }
-  void fail_with(const Error& e) noexcept { result_.emplace(fail(e)); }
-  expected<ConnReq> take() noexcept { return std::move(*result_); }
-
- private:
-  ListenerState* listener_;
-  SourceLink* source_;  // the Endpoint handle's (moves with it)
-  expected<void> config_ok_;
-  KeptConfig config_;
-  std::optional<expected<ConnReq>> result_;
-};
-
-/// co_await loop.next_event(conn): the connection's next event.
-class NextEventAwaiter final : public Awaiter<NextEventAwaiter, expected<ConnEvent>> {
- public:
-  NextEventAwaiter(LoopCore* core, Conn& conn, std::chrono::milliseconds timeout) noexcept
-      : Awaiter(core, "EventLoop::next_event", timeout), conn_(LoopAccess::core(conn)) {}
-
-  bool attempt() noexcept {
-    if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
-    auto event = next_conn_event(call(), *conn_, Deadline(Wait::none()));
-    if (!event && event.error() == errc::no_event) return false;
-    result_ = event;
-    return true;
-  }
-  expected<void> watch() noexcept { return watch_fd(conn_->channel->fd, &conn_->watchers); }
-  void fail_with(const Error& e) noexcept { result_ = fail(e); }
-  expected<ConnEvent> take() noexcept { return result_; }
-  // The connection was found lost by its completions: no fd says so.
-  void source_signalled() noexcept override {
-    if (loop != nullptr) loop->post_signal(*this);
-  }
-
- private:
-  ConnectionCore* conn_;
-  expected<ConnEvent> result_ = fail(Error());
-};
-
-/// co_await loop.resolve(std::move(pending)): the ready outgoing request.
-class ResolveAwaiter final : public Awaiter<ResolveAwaiter, expected<ConnReq>> {
- public:
-  ResolveAwaiter(LoopCore* core, PendingConnReq&& pending, std::chrono::milliseconds timeout) noexcept
-      : Awaiter(core, "EventLoop::resolve", timeout), pending_(std::move(pending)) {}
-  // Out of the epoll set before pending_ closes the fd it waits on.
-  ~ResolveAwaiter() { detach(); }
-
-  bool attempt() noexcept {
-    if (!pending_) return finish(invalid(call(), "the request is empty (moved from or consumed)"));
-    // A failed step releases the request's channel inside try_wait: out of epoll first.
-    const bool watching = slot != no_slot;
-    if (watching) core()->unwatch(*this);
-    auto request = std::move(pending_).try_wait();
-    if (!request && request.error() == errc::no_event && pending_) {
-      if (watching)
-        if (auto ok = watch(); !ok) return finish(ok.error());
-      return false;
-    }
-    result_.emplace(std::move(request));
-    return true;
-  }
-  expected<void> watch() noexcept { return watch_fd(LoopAccess::core(pending_)->channel->fd, nullptr); }
-  void fail_with(const Error& e) noexcept { result_.emplace(fail(e)); }
-  expected<ConnReq> take() noexcept { return std::move(*result_); }
-
- private:
-  PendingConnReq pending_;
-  std::optional<expected<ConnReq>> result_;
-};
-
-/// co_await loop.connect(peer, addr, port, ...): resolution, connect, and the wait for
-/// ESTABLISHED, in one await.
-class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
- public:
-  ConnectAwaiter(LoopCore* core, const Peer& peer, std::string_view addr, std::string_view port,
-                 const ConnConfig& config, std::span<const std::byte> private_data,
-                 std::chrono::milliseconds timeout) noexcept
-      : Awaiter(core, "EventLoop::connect", timeout), peer_(&peer), addr_(addr), port_(port), config_(config) {
-    if (private_data.size() > max_connect_private_data) {
-      too_long_ = private_data.size();
-    } else {
-      std::copy(private_data.begin(), private_data.end(), data_.begin());
-      data_size_ = private_data.size();
-    }
-  }
-
-  // Out of the epoll set before the request or connection it owns closes the fd.
-  ~ConnectAwaiter() { detach(); }
-
-  bool attempt() noexcept {
-    if (stage_ == Stage::start) {
-      if (too_long_ != 0)
-        return finish(invalid(call(), "connect private data is {} bytes, more than the {} RDMA_PS_TCP allows",
-                              too_long_, max_connect_private_data));
-      auto pending = ConnReq::start(*peer_, addr_, port_, config_);
-      if (!pending) return finish(pending.error());
-      pending_.emplace(std::move(*pending));
-      stage_ = Stage::resolving;
-    }
-    if (stage_ == Stage::resolving) {
-      // A failed step releases the request's channel inside try_wait: out of epoll first.
-      const bool watching = slot != no_slot;
-      if (watching) core()->unwatch(*this);
-      auto request = std::move(*pending_).try_wait();
-      if (!request && request.error() == errc::no_event && *pending_) {
-        if (watching)
-          if (auto ok = watch(); !ok) return finish(ok.error());
-        return false;
-      }
-      pending_.reset();
-      if (!request) return finish(request.error());
-      auto conn = std::move(*request).connect(std::span<const std::byte>(data_.data(), data_size_));
-      if (!conn) return finish(conn.error());
-      conn_.emplace(std::move(*conn));
-      stage_ = Stage::establishing;
-      // Waiting (not in await_ready): now on the connection's channel.
-      if (watching)
-        if (auto ok = watch(); !ok) return finish(ok.error());
-    }
-    auto event = next_conn_event(call(), *LoopAccess::core(*conn_), Deadline(Wait::none()));
-    if (!event && event.error() == errc::no_event) return false;
-    if (!event) return finish(event.error());
-    switch (*event) {
-      case ConnEvent::established: stage_ = Stage::done; return true;
-      case ConnEvent::rejected: return finish(Error(errc::provider, ECONNREFUSED, "rdma_connect", "the peer rejected the request"));
-      case ConnEvent::unreachable: return finish(Error(errc::provider, EHOSTUNREACH, "rdma_connect", "the peer is unreachable"));
-      default:
-        return finish(make_error(errc::provider, ECONNRESET, "rdma_connect", "the connection ended before it was established ({})",
-                                 to_string(*event)));
-    }
-  }
-  expected<void> watch() noexcept {
-    if (stage_ == Stage::resolving) return watch_fd(LoopAccess::core(*pending_)->channel->fd, nullptr);
-    return watch_fd(LoopAccess::core(*conn_)->channel->fd, nullptr);
-  }
-  void fail_with(const Error& e) noexcept {
-    error_ = e;
-    stage_ = Stage::failed;
-  }
-  expected<Conn> take() noexcept {
-    if (stage_ != Stage::done) return fail(error_);
-    return std::move(*conn_);
-  }
-
- private:
-  enum class Stage { start, resolving, establishing, done, failed };
-  const Peer* peer_;
-  std::string_view addr_;  // used in the first attempt only (await_ready, within the co_await)
-  std::string_view port_;
-  ConnConfig config_;
-  std::array<std::byte, max_connect_private_data> data_{};
-  std::size_t data_size_ = 0;
-  std::size_t too_long_ = 0;
-  Stage stage_ = Stage::start;
-  std::optional<PendingConnReq> pending_;
-  std::optional<Conn> conn_;
-  Error error_;
-};
-
-/// co_await loop.completions(conn, out): the next completions of a connection's queue.
-class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::span<ibv_wc>>> {
- public:
-  CompletionAwaiter(LoopCore* core, Conn& conn, std::span<ibv_wc> out, bool receive,
-                    std::chrono::milliseconds timeout) noexcept
-      : Awaiter(core, "EventLoop::completions", timeout), conn_(LoopAccess::core(conn)), out_(out), receive_(receive) {}
-
-  bool attempt() noexcept {
-    if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
-    if (out_.empty() || out_.size() > 0x7fffffffu)
-      return finish(invalid(call(), "room for {} completions: give 1 to 2^31-1", out_.size()));
-    if (!conn_->config.completion_channel) return finish(no_completion_channel(call()));
-    if (receive_ && conn_->config.shared_completion_channel)
-      return finish(invalid(call(), "CqKind::receive on a shared completion channel: both queues' "
-                                    "completions come with CqKind::main"));
-    ChannelQueues queues(*conn_, receive_);
-    if (queues.channel() == nullptr)
-      return finish(invalid(call(), "the connection has no receive completion queue of its own"));
-    if (auto ok = completion_fds_nonblocking(*conn_); !ok) return finish(ok.error());
-    // A queue an earlier await could not re-arm raises no event: re-arm it before waiting.
-    if (auto armed = queues.rearm(); !armed) return finish(armed.error());
-    if (polled(queues)) return true;
-    // Empty: take the channel's pending events, re-arm, and look again.
-    if (auto taken = queues.take_events(); !taken) return finish(taken.error());
-    if (auto armed = queues.rearm(); !armed) return finish(armed.error());
-    return polled(queues);
-  }
-  expected<void> watch() noexcept { return watch_fd(ChannelQueues(*conn_, receive_).channel()->fd, &conn_->watchers); }
-  void fail_with(const Error& e) noexcept { result_ = fail(e); }
-  expected<std::span<ibv_wc>> take() noexcept { return result_; }
-
- private:
-  // True when it stored completions or an error.
-  bool polled(ChannelQueues& queues) noexcept {
-    auto n = queues.poll(out_);
-    if (!n) return finish(n.error());
-    if (*n == 0) return false;
-    result_ = out_.first(*n);
-    return true;
-  }
-
-  ConnectionCore* conn_;
-  std::span<ibv_wc> out_;
-  bool receive_;
-  expected<std::span<ibv_wc>> result_ = fail(Error());
-};
-
-/// co_await loop.sleep_for(d): resumes after `d` (or with an error when the loop stops).
-class SleepAwaiter final : public Awaiter<SleepAwaiter, expected<void>> {
- public:
-  SleepAwaiter(LoopCore* core, std::chrono::milliseconds duration) noexcept
-      : Awaiter(core, "EventLoop::sleep_for", duration < std::chrono::milliseconds(0) ? std::chrono::milliseconds(0) : duration) {}
-  bool attempt() noexcept { return false; }
-  expected<void> watch() noexcept { return {}; }
-  void timed_out() noexcept override {
-    result_ = {};
-    cancel();
-  }
-  void fail_with(const Error& e) noexcept { result_ = fail(e); }
-  expected<void> take() noexcept { return result_; }
-
- private:
-  expected<void> result_;
-};
-
-/// A handler registration, owned by its Registration: deleted by it, or by the loop after
-/// the dispatch in which its own handler released it.
-struct HandlerWaiter : Waiter {
-  bool dispatching = false;
-  bool orphaned = false;
-
-  virtual ~HandlerWaiter() = default;
-  /// Calls the handler(s) for `events`; exceptions leave through here.
-  virtual void handle(std::uint32_t events) = 0;
-
-  /// Still able to call its handler: registered in a loop, its source alive.
-  virtual bool active() const noexcept { return slot != no_slot; }
-
-  void ready(std::uint32_t events) final {
-    dispatching = true;
-    struct Done {
-      HandlerWaiter* w;
-      ~Done() {
-        w->dispatching = false;
-        if (w->orphaned) delete w;
-      }
-    } done{this};
-    handle(events);
-  }
-  /// The Registration lets go.
-  void release() noexcept {
-    if (loop != nullptr) loop->remove(*this);
-    if (link != nullptr) link->detach(*this);
-    if (dispatching) orphaned = true;
-    else delete this;
-  }
-  /// Released by its own handler, or its source or loop is gone: stop handling.
-  bool done() const noexcept { return orphaned || slot == no_slot; }
-  void source_gone() noexcept override {
-    if (loop != nullptr) loop->remove(*this);
-  }
-  void loop_gone() noexcept override { loop = nullptr; }
-};
-
-}  // namespace detail
 
 /// A handler registration (EventLoop::serve, watch, resolve, watch_completions, watch_fd).
 /// Destroying it, or reset(), unregisters the handler: it is not called again, also when
@@ -507,7 +179,7 @@ class EventLoop {
       return detail::fail(detail::invalid(call, "the shared listener has its own handler (listen_shared); pass none"));
     if (!own && !handler) return detail::fail(detail::invalid(call, "no handler: pass one"));
     return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<ServeWaiter>(config);
+      auto w = std::make_unique<detail::ServeWaiter>(config);
       w->listener = listener;
       w->shared_handler = std::move(own);
       w->handler = std::move(handler);
@@ -530,7 +202,7 @@ class EventLoop {
     if (core == nullptr) return detail::fail(detail::invalid(call, "the Conn is empty (moved from or closed)"));
     if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
     return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<ConnWaiter>();
+      auto w = std::make_unique<detail::ConnWaiter>();
       w->core = core;
       w->handler = std::move(handler);
       if (auto ok = core_->add(*w, core->channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
@@ -551,7 +223,7 @@ class EventLoop {
     if (!pending) return detail::fail(detail::invalid(call, "the request is empty (moved from or consumed)"));
     if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
     return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<ResolveWaiter>(std::move(pending));
+      auto w = std::make_unique<detail::ResolveWaiter>(std::move(pending));
       w->handler = std::move(handler);
       const int fd = detail::LoopAccess::core(w->pending)->channel->fd;
       if (auto ok = core_->add(*w, fd, EPOLLIN); !ok) {
@@ -594,7 +266,7 @@ class EventLoop {
                                                 "(rcq_size 0, or shared_completion_channel: watch CqKind::main)"));
     if (auto ok = nonblocking(channel->fd); !ok) return detail::fail(ok.error());
     return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<CompletionWaiter>();
+      auto w = std::make_unique<detail::CompletionWaiter>();
       w->core = core;
       w->receive = which == CqKind::receive;
       w->handler = std::move(handler);
@@ -616,7 +288,7 @@ class EventLoop {
     if (fd < 0) return detail::fail(detail::invalid(call, "fd {} is negative", fd));
     if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
     return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<FdWaiter>();
+      auto w = std::make_unique<detail::FdWaiter>();
       w->handler = std::move(handler);
       if (auto ok = core_->add(*w, fd, events); !ok) return detail::fail(ok.error());
       return Registration(w.release());
@@ -674,121 +346,7 @@ class EventLoop {
  private:
   explicit EventLoop(std::unique_ptr<detail::LoopCore> core) noexcept : core_(std::move(core)) {}
 
-  // Requests handled per wake-up of one listener, so one busy source cannot starve the
-  // others (the fd stays readable: the rest come in the next round).
-  static constexpr int per_round = 16;
-  // Completions per watch_completions batch.
-  static constexpr std::size_t batch_size = 16;
 
-  struct ServeWaiter final : detail::HandlerWaiter {
-    explicit ServeWaiter(const ConnConfig& cfg) noexcept : config(cfg) {}
-    detail::ListenerState* listener = nullptr;
-    detail::KeptConfig config;
-    std::shared_ptr<ConnReqHandler> shared_handler;
-    ConnReqHandler handler;
-    bool active() const noexcept override { return slot != no_slot && link != nullptr; }
-    void handle(std::uint32_t) override {
-      for (int i = 0; i < per_round && !done(); ++i) {
-        // Out of memory building the request is the handler's nomem, not "a handler threw".
-        auto request = detail::no_throw("EventLoop::serve", [&] {
-          return detail::LoopAccess::take_request("EventLoop::serve", *listener, config);
-        });
-        if (!request && request.error() == errc::no_event) return;  // another loop took it
-        // The handler may release this registration: the waiter (and so the handler)
-        // lives until the dispatch is over (HandlerWaiter::ready).
-        if (shared_handler) (*shared_handler)(std::move(request));
-        else handler(std::move(request));
-      }
-    }
-  };
-
-  struct ConnWaiter final : detail::HandlerWaiter {
-    detail::ConnectionCore* core = nullptr;
-    std::function<void(expected<ConnEvent>)> handler;
-    bool active() const noexcept override { return slot != no_slot && link != nullptr; }
-    // The connection was found lost by its completions: no fd says so.
-    void source_signalled() noexcept override {
-      if (loop != nullptr) loop->post_signal(*this);
-    }
-    void handle(std::uint32_t) override {
-      for (int i = 0; i < per_round && !done(); ++i) {
-        auto event = detail::next_conn_event("EventLoop::watch", *core, detail::Deadline(detail::Wait::none()));
-        if (!event && event.error() == errc::no_event) return;
-        handler(std::move(event));
-      }
-    }
-  };
-
-  struct ResolveWaiter final : detail::HandlerWaiter {
-    explicit ResolveWaiter(PendingConnReq&& p) noexcept : pending(std::move(p)) {}
-    PendingConnReq pending;
-    std::function<void(expected<ConnReq>)> handler;
-    void handle(std::uint32_t) override {
-      auto request = std::move(pending).try_wait();
-      if (!request && request.error() == errc::no_event && pending) return;  // in progress
-      // A failed step released the request, whose watchers (this) have left the loop then.
-      if (loop != nullptr) loop->remove(*this);
-      if (link != nullptr) link->detach(*this);  // the ConnReq's now
-      auto keep = std::move(handler);
-      keep(std::move(request));
-    }
-  };
-
-  struct CompletionWaiter final : detail::HandlerWaiter {
-    detail::ConnectionCore* core = nullptr;  // valid while active (its Conn tells it first)
-    bool receive = false;
-    std::function<void(expected<std::span<const ibv_wc>>)> handler;
-    bool active() const noexcept override { return slot != no_slot && link != nullptr; }
-
-    // Takes the channel's events, re-arms, and polls the queue(s) empty: the channel raises
-    // no new event for what is already queued, so a drain cut short (the round's budget, the
-    // handler throwing, ibv_poll_cq failing, a queue left unarmed) makes the waiter due
-    // again in the next round without one (post_next_round). EIO from ibv_get_cq_event (the
-    // device is gone: the channel delivers nothing more) ends the registration.
-    void handle(std::uint32_t) override {
-      struct DueAgain {
-        CompletionWaiter* w;
-        bool drained = false;
-        ~DueAgain() {
-          if (!drained && !w->done() && w->loop != nullptr) w->loop->post_next_round(*w);
-        }
-      } due{this};
-      detail::ChannelQueues queues(*core, receive);
-      if (auto taken = queues.take_events(); !taken) {
-        if (taken.error().sys_errno() == EIO) {
-          if (loop != nullptr) loop->remove(*this);
-          due.drained = true;
-        }
-        handler(detail::fail(taken.error()));
-        if (done()) return;
-      }
-      if (auto armed = queues.rearm(); !armed) {
-        handler(detail::fail(armed.error()));
-        if (done()) return;
-      }
-      ibv_wc wc[batch_size];
-      for (int round = 0; round < per_round; ++round) {
-        auto n = queues.poll(wc);
-        if (!n) {
-          handler(detail::fail(n.error()));
-          return;
-        }
-        if (*n == 0) {
-          due.drained = !queues.rearm_pending();
-          return;
-        }
-        handler(std::span<const ibv_wc>(wc, *n));
-        if (done()) return;
-      }
-    }
-  };
-
-  struct FdWaiter final : detail::HandlerWaiter {
-    std::function<void(std::uint32_t)> handler;
-    void handle(std::uint32_t events) override {
-      handler(events);
-    }
-  };
 
   expected<void> check_running(const char* call) const noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
