@@ -320,9 +320,9 @@ struct HandImpl {
     next_event(cch, RDMA_CM_EVENT_ESTABLISHED);
     next_event(lch, RDMA_CM_EVENT_ESTABLISHED);
 
-    cmr = check_ptr(ibv_reg_mr(pd, cmem.data(), buffer_size, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr");
+    cmr = check_ptr(ibv_reg_mr(pd, cmem.data(), buffer_size, local_write), "ibv_reg_mr");
     smr = check_ptr(ibv_reg_mr(pd, smem.data(), buffer_size,
-                               IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ),
+                               local_write | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ),
                     "ibv_reg_mr");
     raddr = reinterpret_cast<std::uintptr_t>(smem.data());
     rkey = smr->rkey;

@@ -24,6 +24,11 @@
 
 namespace bench {
 
+// IBV_ACCESS_LOCAL_WRITE as an int: verbs.h's ibv_reg_mr macro ands its access argument with
+// an enumerator of another enum (IBV_ACCESS_OPTIONAL_RANGE), which C++20 deprecates for two
+// enumerators (clang 22 refuses it under -Werror).
+inline constexpr int local_write = IBV_ACCESS_LOCAL_WRITE;
+
 [[noreturn]] inline void die(const char* what, const std::string& why) {
   std::fprintf(stderr, "bench: %s: %s\n", what, why.c_str());
   std::exit(1);

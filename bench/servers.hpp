@@ -261,7 +261,7 @@ class RawServer : public RawListeningServer {
 class PooledRawServer : public RawListeningServer {
  public:
   PooledRawServer(const char* ip, const char* port) : RawListeningServer(ip, port) {
-    mr_ = check_ptr(ibv_reg_mr(pd_, buffer_, sizeof buffer_, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr");
+    mr_ = check_ptr(ibv_reg_mr(pd_, buffer_, sizeof buffer_, local_write), "ibv_reg_mr");
   }
   /// Connections whose client's 8-byte send arrived (each one's QP carried data).
   long received() const { return received_.load(std::memory_order_acquire); }
