@@ -25,13 +25,13 @@ int main(int argc, char** argv) {
   text.copy(memory.data(), text.size());
   auto mr = rpmapp::MrLocal::reg(*peer, memory.data(), memory.size(), rpmapp::MrUsage::read_src);
   if (!mr) return example::fail(mr.error());
-  auto data = example::common_data_for(*mr);
+  auto data = rpmapp::CommonData::describe(*mr);
   if (!data) return example::fail(data.error());
 
   auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
 
-  auto conn = example::accept_next(*endpoint, example::bytes_of(*data));
+  auto conn = example::accept_next(*endpoint, data->bytes());
   if (!conn) return example::fail(conn.error());
   fmt::print("connection established: the client may read {} bytes\n", memory.size());
 

@@ -23,13 +23,13 @@ int main(int argc, char** argv) {
   std::array<std::byte, 1024> memory{};
   auto mr = rpmapp::MrLocal::reg(*peer, memory, rpmapp::MrUsage::write_dst);
   if (!mr) return example::fail(mr.error());
-  auto data = example::common_data_for(*mr);
+  auto data = rpmapp::CommonData::describe(*mr);
   if (!data) return example::fail(data.error());
 
   auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
 
-  auto conn = example::accept_next(*endpoint, example::bytes_of(*data));
+  auto conn = example::accept_next(*endpoint, data->bytes());
   if (!conn) return example::fail(conn.error());
   fmt::print("connection established, region of {} bytes exposed for writing\n", memory.size());
 

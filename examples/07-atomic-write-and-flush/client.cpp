@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   auto server = example::server_region(*conn);
   if (!server) return example::fail(server.error());
   const auto& [data, region] = *server;
-  auto config = example::remote_peer_config(data);
+  auto config = data.peer_config();
   if (!config) return example::fail(config.error());
   if (!*config) {
     fmt::print(stderr, "error: the server sent no peer configuration\n");

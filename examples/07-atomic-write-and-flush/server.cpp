@@ -33,13 +33,13 @@ int main(int argc, char** argv) {
   auto mr = rpmapp::MrLocal::reg(*peer, memory,
                                  rpmapp::MrUsage::write_dst | rpmapp::MrUsage::flush_visibility);
   if (!mr) return example::fail(mr.error());
-  auto data = example::common_data_for(*mr, payload_offset, config);
+  auto data = rpmapp::CommonData::describe(*mr, payload_offset, config);
   if (!data) return example::fail(data.error());
 
   auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
 
-  auto conn = example::accept_next(*endpoint, example::bytes_of(*data));
+  auto conn = example::accept_next(*endpoint, data->bytes());
   if (!conn) return example::fail(conn.error());
   fmt::print("connection established, direct_write_to_pmem {}\n", config.direct_write_to_pmem);
 

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   std::array<std::byte, 1024> memory{};
   auto mr = rpmapp::MrLocal::reg(*peer, memory, rpmapp::MrUsage::write_dst | rpmapp::MrUsage::recv);
   if (!mr) return example::fail(mr.error());
-  auto data = example::common_data_for(*mr);
+  auto data = rpmapp::CommonData::describe(*mr);
   if (!data) return example::fail(data.error());
 
   auto endpoint = example::listen_and_print(*peer, addr, port);
@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
 
   // The receive the immediate data completes is posted on the request, before accepting.
   auto post_recv = [&](rpmapp::ConnReq& req) { return req.recv(*mr, 0, 0); };
-  auto conn = example::accept_next(*endpoint, example::bytes_of(*data), post_recv);
+  auto conn = example::accept_next(*endpoint, data->bytes(), post_recv);
   if (!conn) return example::fail(conn.error());
 
   auto cq = conn->cq();

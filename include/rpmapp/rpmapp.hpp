@@ -1,6 +1,7 @@
 // rpmapp: RDMA connection management in C++20, librpma style. The umbrella header.
 #pragma once
 
+#include <rpmapp/common_data.hpp>
 #include <rpmapp/config.hpp>
 #include <rpmapp/conn.hpp>
 #include <rpmapp/conn_req.hpp>

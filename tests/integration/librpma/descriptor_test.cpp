@@ -43,7 +43,7 @@ std::array<std::byte, rpmapp::mr_descriptor_size> rpma_descriptor(const rpma_mr_
 
 // A valid common_data as librpma's example servers send it, padded as rdma_cm delivers
 // an accept's private data (196 bytes).
-std::vector<std::byte> padded(const example::CommonData& data) {
+std::vector<std::byte> padded(const rpmapp::CommonData& data) {
   std::vector<std::byte> out(rpmapp::max_accept_private_data);
   std::memcpy(out.data(), &data, sizeof data);
   return out;
@@ -52,12 +52,12 @@ std::vector<std::byte> padded(const example::CommonData& data) {
 }  // namespace
 
 TEST_CASE("common_data: rpmapp's declaration has librpma's examples' layout", "[interop]") {
-  STATIC_REQUIRE(sizeof(example::CommonData) == sizeof(interop::common_data));
-  STATIC_REQUIRE(offsetof(example::CommonData, data_offset) == offsetof(interop::common_data, data_offset));
-  STATIC_REQUIRE(offsetof(example::CommonData, mr_desc_size) == offsetof(interop::common_data, mr_desc_size));
-  STATIC_REQUIRE(offsetof(example::CommonData, pcfg_desc_size) ==
+  STATIC_REQUIRE(sizeof(rpmapp::CommonData) == sizeof(interop::common_data));
+  STATIC_REQUIRE(offsetof(rpmapp::CommonData, data_offset) == offsetof(interop::common_data, data_offset));
+  STATIC_REQUIRE(offsetof(rpmapp::CommonData, mr_desc_size) == offsetof(interop::common_data, mr_desc_size));
+  STATIC_REQUIRE(offsetof(rpmapp::CommonData, pcfg_desc_size) ==
                  offsetof(interop::common_data, pcfg_desc_size));
-  STATIC_REQUIRE(offsetof(example::CommonData, descriptors) == offsetof(interop::common_data, descriptors));
+  STATIC_REQUIRE(offsetof(rpmapp::CommonData, descriptors) == offsetof(interop::common_data, descriptors));
 
   // The bytes librpma's servers send parse as they were written.
   interop::common_data c{};
@@ -67,24 +67,24 @@ TEST_CASE("common_data: rpmapp's declaration has librpma's examples' layout", "[
   for (int i = 0; i < 24; ++i) c.descriptors[i] = static_cast<char>(i + 1);
   std::vector<std::byte> wire(rpmapp::max_accept_private_data);
   std::memcpy(wire.data(), &c, sizeof c);
-  auto parsed = MUST(example::parse_common_data(wire));
+  auto parsed = MUST(rpmapp::CommonData::from_private_data(wire));
   CHECK(parsed.data_offset == 0x1234);
   CHECK(parsed.mr_desc_size == 21);
   CHECK(parsed.pcfg_desc_size == 1);
   CHECK(std::memcmp(parsed.descriptors.data(), c.descriptors, 24) == 0);
-  CHECK(std::memcmp(example::bytes_of(parsed).data(), &c, sizeof c) == 0);
+  CHECK(std::memcmp(parsed.bytes().data(), &c, sizeof c) == 0);
 }
 
 TEST_CASE("common_data: malformed private data from a server is inval, never read past its bytes",
           "[interop]") {
   // A valid descriptor to spoil: address 0x1000, length 64, rkey 7, read_src.
   const auto good_desc = rpmapp::detail::encode_descriptor(0x1000, 64, 7, MrUsage::read_src);
-  example::CommonData good;
+  rpmapp::CommonData good;
   good.mr_desc_size = static_cast<std::uint8_t>(good_desc.size());
   std::copy(good_desc.begin(), good_desc.end(), good.descriptors.begin());
   {
-    auto parsed = MUST(example::parse_common_data(padded(good)));
-    auto remote = MUST(example::remote_region(parsed));
+    auto parsed = MUST(rpmapp::CommonData::from_private_data(padded(good)));
+    auto remote = MUST(parsed.region());
     CHECK(remote.address() == 0x1000);
     CHECK(remote.size() == 64);
     CHECK(remote.rkey() == 7);
@@ -93,31 +93,31 @@ TEST_CASE("common_data: malformed private data from a server is inval, never rea
 
   SECTION("shorter than common_data (no private data at all, or a truncated one)") {
     const auto full = padded(good);
-    for (std::size_t size : {std::size_t{0}, std::size_t{1}, sizeof(example::CommonData) - 1}) {
+    for (std::size_t size : {std::size_t{0}, std::size_t{1}, sizeof(rpmapp::CommonData) - 1}) {
       // Only `size` bytes: ASan would catch a read of the rest.
       std::vector<std::byte> data(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(size));
-      auto e = MUST_FAIL(example::parse_common_data(data));
+      auto e = MUST_FAIL(rpmapp::CommonData::from_private_data(data));
       CHECK(e.code() == errc::inval);
-      CHECK(e.call() == "parse_common_data");
+      CHECK(e.call() == "CommonData::from_private_data");
     }
   }
   SECTION("descriptor sizes beyond the 24 bytes of descriptors") {
     auto bad = good;
     bad.mr_desc_size = 21;
     bad.pcfg_desc_size = 4;
-    CHECK(MUST_FAIL(example::parse_common_data(padded(bad))).code() == errc::inval);
+    CHECK(MUST_FAIL(rpmapp::CommonData::from_private_data(padded(bad))).code() == errc::inval);
     bad.mr_desc_size = 255;
     bad.pcfg_desc_size = 0;
-    CHECK(MUST_FAIL(example::parse_common_data(padded(bad))).code() == errc::inval);
-    // remote_region on an unchecked CommonData does not read past descriptors either.
-    CHECK(MUST_FAIL(example::remote_region(bad)).code() == errc::inval);
+    CHECK(MUST_FAIL(rpmapp::CommonData::from_private_data(padded(bad))).code() == errc::inval);
+    // region() on an unchecked CommonData does not read past descriptors either.
+    CHECK(MUST_FAIL(bad.region()).code() == errc::inval);
   }
   SECTION("a descriptor of another size") {
     for (std::uint8_t size : {0, 20, 22, 24}) {
       auto bad = good;
       bad.mr_desc_size = size;
-      auto parsed = MUST(example::parse_common_data(padded(bad)));
-      auto e = MUST_FAIL(example::remote_region(parsed));
+      auto parsed = MUST(rpmapp::CommonData::from_private_data(padded(bad)));
+      auto e = MUST_FAIL(parsed.region());
       CHECK(e.code() == errc::inval);
       CHECK(e.call() == "MrRemote::from_descriptor");
     }
@@ -125,13 +125,13 @@ TEST_CASE("common_data: malformed private data from a server is inval, never rea
   SECTION("a descriptor with no usage, a length of 0, or an address range that overflows") {
     auto bad = good;
     bad.descriptors[20] = std::byte{0};  // usage
-    CHECK(MUST_FAIL(example::remote_region(bad)).call() == "MrRemote::from_descriptor");
+    CHECK(MUST_FAIL(bad.region()).call() == "MrRemote::from_descriptor");
     bad = good;
     std::fill(bad.descriptors.begin() + 8, bad.descriptors.begin() + 16, std::byte{0});  // length
-    CHECK(MUST_FAIL(example::remote_region(bad)).call() == "MrRemote::from_descriptor");
+    CHECK(MUST_FAIL(bad.region()).call() == "MrRemote::from_descriptor");
     bad = good;
     std::fill(bad.descriptors.begin(), bad.descriptors.begin() + 8, std::byte{0xff});  // address
-    CHECK(MUST_FAIL(example::remote_region(bad)).call() == "MrRemote::from_descriptor");
+    CHECK(MUST_FAIL(bad.region()).call() == "MrRemote::from_descriptor");
   }
 }
 

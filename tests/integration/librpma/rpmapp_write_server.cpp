@@ -23,13 +23,13 @@ int main(int argc, char** argv) {
   auto mr = rpmapp::MrLocal::reg(*peer, memory.data(), memory.size(),
                                  rpmapp::MrUsage::write_dst | rpmapp::MrUsage::flush_visibility);
   if (!mr) return example::fail(mr.error());
-  auto data = example::common_data_for(*mr);
+  auto data = rpmapp::CommonData::describe(*mr);
   if (!data) return example::fail(data.error());
 
   auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
 
-  auto conn = example::accept_next(*endpoint, example::bytes_of(*data));
+  auto conn = example::accept_next(*endpoint, data->bytes());
   if (!conn) return example::fail(conn.error());
   fmt::print("connection established: the client may write {} bytes\n", memory.size());
   if (auto ok = example::wait_closed_by_client(*conn); !ok) return example::fail(ok.error());
