@@ -263,10 +263,9 @@ class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::
     if (queues.channel() == nullptr)
       return finish(invalid(call(), "the connection has no receive completion queue of its own"));
     if (auto ok = completion_fds_nonblocking(*conn_); !ok) return finish(ok.error());
-    // A queue an earlier await could not re-arm raises no event: re-arm it before waiting.
-    if (auto armed = queues.rearm(); !armed) return finish(armed.error());
     if (polled(queues)) return true;
-    // Empty: take the channel's pending events, re-arm, and look again.
+    // Empty: take the channel's pending events, re-arm their queues (and any an earlier
+    // await could not re-arm: it raises no event until then), and look again.
     if (auto taken = queues.take_events(); !taken) return finish(taken.error());
     if (auto armed = queues.rearm(); !armed) return finish(armed.error());
     return polled(queues);
