@@ -201,7 +201,7 @@ TEST_CASE("review 2.D: an allocation failing while EventLoop::serve takes a requ
     }
     INFO((ran ? std::string() : ran.error().message()));
     REQUIRE(ran);  // not "a handler threw"
-    REQUIRE(got);
+    REQUIRE(got.has_value());
     if (*got) return true;
     check_nomem(got->error(), "EventLoop::serve");
     CHECK(fake.queued(*ep.fd()) + (fake.rejects.size() - rejects) == 1);
