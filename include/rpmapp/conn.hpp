@@ -400,9 +400,9 @@ class Conn {
 
   /// Releases the queue pair, completion queues, cm_id and event channel (consumes the
   /// Conn: it is empty afterwards, whatever the result) and returns the first failure.
-  /// Errors: inval when empty; provider: ibv_destroy_cq, ibv_destroy_comp_channel or
-  /// rdma_destroy_id failed (the rest is still released; failures after the first are
-  /// logged, notice).
+  /// Errors: inval when empty; provider: ibv_destroy_qp, ibv_destroy_cq,
+  /// ibv_destroy_comp_channel or rdma_destroy_id failed (the rest is still released;
+  /// failures after the first are logged, notice).
   expected<void> close() && noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::close"));
     auto core = std::move(core_);

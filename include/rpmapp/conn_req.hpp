@@ -111,7 +111,7 @@ class ConnReq {
   /// - inval: empty request; an outgoing request; private data too long (nothing is sent,
   ///   the request is left as it was and can still be accepted).
   /// - provider: rdma_reject failed (the request is still released), or a release step
-  ///   (ibv_destroy_cq, ibv_destroy_comp_channel, rdma_destroy_id) failed.
+  ///   (ibv_destroy_qp, ibv_destroy_cq, ibv_destroy_comp_channel, rdma_destroy_id) failed.
   expected<void> reject(std::span<const std::byte> private_data = {}) && noexcept {
     constexpr const char* call = "ConnReq::reject";
     if (!core_) return detail::fail(detail::moved_from(call));

@@ -223,6 +223,38 @@ TEST_CASE("reuse_completion_queues: a CQ whose polling fails at the release is d
   fake.expect_clean();
 }
 
+TEST_CASE("review 2.D: a CQ whose queue pair survived a failed ibv_destroy_qp is never "
+          "reused",
+          "[conn_req][reuse_cq]") {
+  for (std::uint32_t rcq : {0u, 4u}) {
+    INFO("rcq_size " << rcq);
+    fake::FakeProvider fake;
+    {
+      Peer peer = open_peer(fake);
+      // a spare of the right size, which the next connection takes
+      REQUIRE(std::move(connected_to(outgoing(peer, "169.254.77.9", reusing(rcq)).connect())).close());
+      Conn first = connected_to(outgoing(peer, "169.254.77.9", reusing(rcq)).connect());
+      ibv_cq* cq = fake.last_qp_attr.send_cq;
+      ibv_cq* rcq_made = fake.last_qp_attr.recv_cq;
+      fake.fail("ibv_destroy_qp", EBUSY);
+      auto closed = std::move(first).close();
+      REQUIRE_FALSE(closed);
+      check_injected(closed.error(), "ibv_destroy_qp", EBUSY);
+      CHECK(fake.alive("qp") == 1);  // the kernel kept it, and with it its CQs
+      CHECK(fake.refused("cq") == (rcq ? 2 : 1));
+
+      const auto mark = fake.mark();
+      Conn second = connected_to(outgoing(peer, "169.254.77.9", reusing(rcq)).connect());
+      CHECK(count(fake.calls_since(mark), "ibv_create_cq") == (rcq ? 2 : 1));
+      CHECK(fake.last_qp_attr.send_cq != cq);
+      CHECK(fake.last_qp_attr.recv_cq != rcq_made);
+      REQUIRE(std::move(second).close());
+    }
+    fake.close_contexts();
+    fake.expect_clean();  // nothing else left: the second connection's CQs were spares
+  }
+}
+
 TEST_CASE("reuse_completion_queues: each provider call of a request on a spare fails in turn",
           "[conn_req][reuse_cq][fail-each]") {
   const std::vector<std::string> calls = {

@@ -114,7 +114,7 @@ std::string Sent::text() const {
 
 bool cannot_fail(std::string_view call) {
   return call == "rdma_destroy_event_channel" ||
-         call == "rdma_destroy_qp" || call == "rdma_free_devices" || call == "ibv_ack_cq_events";
+         call == "rdma_free_devices" || call == "ibv_ack_cq_events";
 }
 
 std::vector<std::pair<std::string, int>> failable_calls(const std::vector<std::string>& log) {
@@ -521,16 +521,30 @@ struct FakeProvider::Impl {
     return 0;
   }
 
-  static void destroy_qp(rdma_cm_id* id) {
+  // The seam's destroy_qp: ibv_destroy_qp of id->qp, then id->qp = NULL.
+  static int destroy_qp(rdma_cm_id* id) {
     auto lock = f().lock();
-    f().calls_.emplace_back("rdma_destroy_qp");
-    if (!f().ids_.count(id)) return f().note("rdma_destroy_qp: cm_id not alive");
-    if (id->qp == nullptr || !f().qps_.erase(id->qp))
-      return f().note("rdma_destroy_qp: the cm_id has no queue pair");
+    int err = 0;
+    const bool failed = f().injected("ibv_destroy_qp", err);
+    if (!f().ids_.count(id)) {
+      f().note("ibv_destroy_qp: cm_id not alive");
+      return EINVAL;
+    }
+    if (id->qp == nullptr || !f().qps_.count(id->qp)) {
+      f().note("ibv_destroy_qp: the cm_id has no queue pair");
+      return EINVAL;
+    }
+    if (failed) {  // the kernel refused: the queue pair lives on, holding what it uses
+      f().survivors_.insert(id->qp);
+      id->qp = nullptr;
+      return err;
+    }
     // Its outstanding work requests go with it (nothing reaches the CQs).
+    f().qps_.erase(id->qp);
     delete id->qp;
     id->qp = nullptr;
     f().destroyed("qp");
+    return 0;
   }
 
   static std::vector<std::byte> bytes(const void* data, std::size_t len) {
@@ -631,7 +645,7 @@ struct FakeProvider::Impl {
     }
     for (auto& [qp, info] : f().qps_)
       if (qp->pd == pd) {
-        f().note("ibv_dealloc_pd: a queue pair still uses the pd");
+        if (!f().refuse_for_survivor(pd, "pd")) f().note("ibv_dealloc_pd: a queue pair still uses the pd");
         return EBUSY;
       }
     for (auto& [mr, access] : f().mrs_)  // the kernel's EBUSY: the pd is still in use
@@ -675,7 +689,8 @@ struct FakeProvider::Impl {
       return EINVAL;
     }
     if (ch->refcnt != 0) {
-      f().note("ibv_destroy_comp_channel: a completion queue still uses the channel");
+      if (!f().refuse_for_survivor(ch, "comp_channel"))
+        f().note("ibv_destroy_comp_channel: a completion queue still uses the channel");
       return EBUSY;
     }
     f().drop_watches(ch->fd);
@@ -716,7 +731,7 @@ struct FakeProvider::Impl {
     }
     for (auto& [qp, info] : f().qps_)
       if (qp->send_cq == cq || qp->recv_cq == cq) {
-        f().note("ibv_destroy_cq: a queue pair still uses the cq");
+        if (!f().refuse_for_survivor(cq, "cq")) f().note("ibv_destroy_cq: a queue pair still uses the cq");
         return EBUSY;
       }
     if (unsigned n = f().cqs_[cq].unacked; n != 0) {  // the real call blocks forever
@@ -1250,7 +1265,8 @@ struct FakeProvider::Impl {
     }
     for (auto& [qp, info] : f().qps_)
       if (qp->srq == srq) {
-        f().note("ibv_destroy_srq: a queue pair still uses the shared receive queue");
+        if (!f().refuse_for_survivor(srq, "srq"))
+          f().note("ibv_destroy_srq: a queue pair still uses the shared receive queue");
         return EBUSY;
       }
     f().srqs_.erase(srq);
@@ -1914,6 +1930,66 @@ bool FakeProvider::wait_for_event(Lock& held, rdma_event_channel* ch,
     auto it = channels_.find(ch);
     return it == channels_.end() || !it->second.queue.empty();
   });
+}
+
+bool FakeProvider::refuse_for_survivor(const void* object, const char* kind) {
+  for (ibv_qp* qp : survivors_) {
+    const bool held = qp->pd == object || qp->srq == object || qp->send_cq == object ||
+                      qp->recv_cq == object ||
+                      (qp->send_cq != nullptr && qp->send_cq->channel == object) ||
+                      (qp->recv_cq != nullptr && qp->recv_cq->channel == object);
+    if (held) {
+      refused_.emplace(object, kind);
+      return true;
+    }
+  }
+  return false;
+}
+
+long FakeProvider::refused(const std::string& kind) const {
+  auto held = lock();
+  return std::count_if(refused_.begin(), refused_.end(),
+                       [&](const auto& entry) { return entry.second == kind; });
+}
+
+void FakeProvider::close_contexts() {
+  auto held = lock();
+  for (ibv_qp* qp : survivors_) {
+    qps_.erase(qp);
+    delete qp;
+    destroyed("qp");
+  }
+  survivors_.clear();
+  // The CQs before the channels they hold a reference to.
+  for (const char* kind : {"cq", "srq", "comp_channel", "pd"})
+    for (auto it = refused_.begin(); it != refused_.end();) {
+      if (it->second != kind) {
+        ++it;
+        continue;
+      }
+      void* object = const_cast<void*>(it->first);
+      if (it->second == std::string("cq")) {
+        auto* cq = static_cast<ibv_cq*>(object);
+        if (cq->channel) --cq->channel->refcnt;
+        cqs_.erase(cq);
+        delete cq;
+      } else if (it->second == std::string("srq")) {
+        auto* srq = static_cast<ibv_srq*>(object);
+        srqs_.erase(srq);
+        delete srq;
+      } else if (it->second == std::string("comp_channel")) {
+        auto* ch = static_cast<ibv_comp_channel*>(object);
+        drop_watches(ch->fd);
+        comp_channels_.erase(ch);
+        delete ch;
+      } else {
+        auto* pd = static_cast<ibv_pd*>(object);
+        pds_.erase(pd);
+        delete pd;
+      }
+      destroyed(it->second);
+      it = refused_.erase(it);
+    }
 }
 
 long FakeProvider::alive(const std::string& kind) const {

@@ -316,6 +316,13 @@ class FakeProvider {
   /// "unacked_event", "device_list", "mr", "srq", "unacked_cq_event", "epoll",
   /// "eventfd".
   long alive(const std::string& kind) const;
+  /// How many objects of `kind` a destroy call was refused for (EBUSY) because a queue pair
+  /// that survived a failed ibv_destroy_qp holds them.
+  long refused(const std::string& kind) const;
+  /// What closing the device contexts does: queue pairs that survived a failed
+  /// ibv_destroy_qp go, and with them what the library tried to release and was refused.
+  /// Whatever it never tried to release stays (problems() reports it).
+  void close_contexts();
   /// Everything still alive and every recorded misuse, one per line; "" when clean.
   std::string problems() const;
   std::vector<std::string> failures() const;
@@ -389,6 +396,9 @@ class FakeProvider {
   void note(std::string what) { failures_.push_back(std::move(what)); }
   void created(const std::string& kind) { ++alive_[kind]; }
   void destroyed(const std::string& kind) { --alive_[kind]; }
+  /// Whether `object` is held by a queue pair a failed ibv_destroy_qp left alive; if so, the
+  /// refusal is the kernel's answer (EBUSY), not a misuse, and is remembered.
+  bool refuse_for_survivor(const void* object, const char* kind);
   int device_of_context(const ibv_context* ctx) const;
   Channel* channel_by_fd(int fd, rdma_event_channel** out = nullptr);
   rdma_cm_event* make_event(rdma_cm_id* id, rdma_cm_event_type type, std::string_view data,
@@ -441,6 +451,8 @@ class FakeProvider {
   std::map<rdma_cm_event*, EventData> events_;  // queued or delivered
   std::set<rdma_cm_event*> unacked_;
   std::map<ibv_qp*, QpInfo> qps_;
+  std::set<ibv_qp*> survivors_;                 // failed ibv_destroy_qp: still alive
+  std::map<const void*, std::string> refused_;  // refused because a survivor holds it
   std::map<ibv_cq*, CqInfo> cqs_;
   std::map<ibv_comp_channel*, CompChannelInfo> comp_channels_;
   std::map<ibv_mr*, int> mrs_;  // live registrations and their access flags

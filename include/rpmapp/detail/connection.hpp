@@ -86,13 +86,16 @@ inline bool reuses_cqs(const ConnectionCore& core) noexcept {
   return core.config.reuse_completion_queues && core.peer && core.peer->seam == core.seam;
 }
 
-/// Releases `core`'s CQ `cq` of `size` entries, its queue pair destroyed: with
+/// Releases `core`'s CQ `cq` of `size` entries once its queue pair is gone: with
 /// reuse_completion_queues, polls it until it is empty and keeps it as a spare of the peer;
-/// else, or when polling fails or the peer has enough spares, destroys it.
+/// else, or when polling fails or the peer has enough spares, destroys it. A CQ whose queue
+/// pair survived a failed ibv_destroy_qp is never kept (that queue pair could still complete
+/// work into it): it is destroyed, which the kernel refuses (EBUSY) while the queue pair
+/// holds it, so it stays with that queue pair.
 inline void release_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_t size,
-                       FirstError& first) noexcept {
+                       bool qp_survived, FirstError& first) noexcept {
   const Provider& p = *core.seam;
-  if (reuses_cqs(core)) {
+  if (reuses_cqs(core) && !qp_survived) {
     ibv_wc left[16];
     int n = 0;
     while ((n = p.poll_cq(cq, 16, left)) > 0) {
@@ -108,9 +111,14 @@ inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
   core.watchers.notify();
   const Provider& p = *core.seam;
   FirstError first{by};
-  if (core.qp) p.destroy_qp(core.qp.release());
-  if (core.rcq) release_cq(core, core.rcq.release(), core.config.rcq_size, first);
-  if (core.cq) release_cq(core, core.cq.release(), core.config.cq_size, first);
+  bool qp_survived = false;
+  if (core.qp) {
+    const int destroyed = p.destroy_qp(core.qp.release());
+    qp_survived = destroyed != 0;
+    first.value_call(destroyed, "ibv_destroy_qp");
+  }
+  if (core.rcq) release_cq(core, core.rcq.release(), core.config.rcq_size, qp_survived, first);
+  if (core.cq) release_cq(core, core.cq.release(), core.config.cq_size, qp_survived, first);
   if (core.rcq_channel)
     first.value_call(p.destroy_comp_channel(core.rcq_channel.release()),
                      "ibv_destroy_comp_channel");

@@ -144,7 +144,10 @@ using CompletionQueue = std::unique_ptr<ibv_cq, CqDeleter>;
 
 /// The queue pair of a cm_id (created by rdma_create_qp); holds the id without owning it.
 struct QpDeleter : CapturedProvider {
-  void operator()(rdma_cm_id* id) const noexcept { provider().destroy_qp(id); }
+  void operator()(rdma_cm_id* id) const noexcept {
+    log_value_release(by, provider().destroy_qp(id), "ibv_destroy_qp");
+  }
+  static constexpr Teardown by{"detail::QueuePair", LogLevel::warning};
 };
 using QueuePairOf = std::unique_ptr<rdma_cm_id, QpDeleter>;
 

@@ -62,7 +62,11 @@ struct Provider {
   int (*ack_cm_event)(rdma_cm_event*);
   int (*migrate_id)(rdma_cm_id*, rdma_event_channel*);
   int (*create_qp)(rdma_cm_id*, ibv_pd*, ibv_qp_init_attr*);
-  void (*destroy_qp)(rdma_cm_id*);
+  /// What rdma_destroy_qp does for a queue pair whose CQs the caller made: ibv_destroy_qp of
+  /// id->qp, then id->qp = NULL (librdmacm's cma.c frees nothing more then), but with
+  /// ibv_destroy_qp's errno value, which rdma_destroy_qp drops. Non-zero: the queue pair
+  /// survives and still holds its CQs, completion channels, SRQ and PD.
+  int (*destroy_qp)(rdma_cm_id*);
   int (*accept)(rdma_cm_id*, rdma_conn_param*);
   int (*reject)(rdma_cm_id*, const void* private_data, uint8_t len);
   int (*connect)(rdma_cm_id*, rdma_conn_param*);
@@ -129,7 +133,11 @@ inline const Provider system_provider = {
     rdma_ack_cm_event,
     rdma_migrate_id,
     rdma_create_qp,
-    rdma_destroy_qp,
+    [](rdma_cm_id* id) {
+      const int result = ibv_destroy_qp(id->qp);
+      id->qp = nullptr;
+      return result;
+    },
     rdma_accept,
     rdma_reject,
     rdma_connect,
