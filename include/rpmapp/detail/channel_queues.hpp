@@ -38,12 +38,13 @@ class ChannelQueues {
 
   /// Takes every event the channel holds without blocking (its fd must be non-blocking:
   /// completion_fds_nonblocking), acknowledges each and makes its queue due for re-arming.
-  /// At most one event per queue is pending (none is re-armed yet), so this ends.
+  /// A queue raises at most one event per arming, so once every queue is due (taken, or
+  /// its re-arm failed) there is nothing more to read, and no read is made for it.
   /// Errors: provider (ibv_get_cq_event failing otherwise than "nothing there" or EINTR; EIO
   /// once the device is gone: the channel delivers nothing more).
   expected<void> take_events() noexcept {
     const Provider& p = provider();
-    for (;;) {
+    while (!all_due()) {
       ibv_cq* cq = nullptr;
       void* context = nullptr;
       errno = 0;
@@ -56,6 +57,7 @@ class ChannelQueues {
       for (int i = 0; i < 2; ++i)
         if (queues_[i] == cq) core_->rearm_due[i] = true;
     }
+    return {};
   }
 
   /// Re-arms every queue due for it. Errors: provider (ibv_req_notify_cq, the first
@@ -95,6 +97,10 @@ class ChannelQueues {
   }
 
  private:
+  bool all_due() const noexcept {
+    return (queues_[0] == nullptr || core_->rearm_due[0]) && (queues_[1] == nullptr || core_->rearm_due[1]);
+  }
+
   ConnectionCore* core_;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* queues_[2] = {nullptr, nullptr};  // the main CQ, the receive CQ (as rearm_due)

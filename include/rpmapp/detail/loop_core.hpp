@@ -230,12 +230,7 @@ class LoopCore {
   void post(Waiter& w) noexcept {
     w.signalled = false;  // what the waiter posts itself for wins over a signal
     if (w.posted) return;
-    w.loop = this;
-    w.posted = true;
-    w.post_next = nullptr;
-    if (posted_tail != nullptr) posted_tail->post_next = &w;
-    else posted_head = &w;
-    posted_tail = &w;
+    append(w, posted_head, posted_tail);
   }
   /// Runs w.ready(EPOLLIN) after the current dispatch: its source has news that its fd
   /// does not announce (SourceWatcher::source_signalled). Nothing if `w` is posted already.
@@ -249,13 +244,8 @@ class LoopCore {
   /// turn after the others. Nothing if `w` is posted already.
   void post_next_round(Waiter& w) noexcept {
     if (w.posted) return;
-    w.loop = this;
-    w.posted = true;
+    append(w, next_head, next_tail);
     w.signalled = true;
-    w.post_next = nullptr;
-    if (next_tail != nullptr) next_tail->post_next = &w;
-    else next_head = &w;
-    next_tail = &w;
   }
   void unpost(Waiter& w) noexcept {
     if (!w.posted) return;
@@ -446,6 +436,15 @@ class LoopCore {
     std::uint64_t count = 0;
     if (seam->read(wakefd, &count, sizeof count) < 0 && errno != EAGAIN)
       log(LogLevel::warning, "EventLoop::run", provider_error("read", errno, "the loop's eventfd"));
+  }
+
+  // Posts `w` (not posted) at the end of the list [head, tail].
+  void append(Waiter& w, Waiter*& head, Waiter*& tail) noexcept {
+    w.loop = this;
+    w.posted = true;
+    w.post_next = nullptr;
+    (tail != nullptr ? tail->post_next : head) = &w;
+    tail = &w;
   }
 
   // Takes `w` out of the list [head, tail]; whether it was there.
