@@ -170,7 +170,7 @@ Queues create_queues(rdma_cm_id* id, ibv_pd* pd) {
 }
 
 void release(rdma_cm_id* id, Queues q, rdma_event_channel* ch) {
-  p().destroy_qp(id);
+  if (p().destroy_qp(id)) fail("ibv_destroy_qp");
   if (p().destroy_cq(q.cq)) fail("ibv_destroy_cq");
   if (p().destroy_comp_channel(q.cc)) fail("ibv_destroy_comp_channel");
   if (p().destroy_id(id)) fail("rdma_destroy_id");

@@ -261,6 +261,7 @@ inline const rpmapp::detail::Provider provider = {
     [](rdma_cm_id* id) {
       note(c_destroy_qp);
       id->qp = nullptr;
+      return 0;
     },
     // accept
     [](rdma_cm_id* id, rdma_conn_param*) {
