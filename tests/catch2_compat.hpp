@@ -18,6 +18,7 @@ inline auto Contains(const std::string& text, CaseSensitive cs = CaseSensitive::
   return Matchers::ContainsSubstring(text, cs);
 }
 using Matchers::EndsWith;
+using Matchers::StartsWith;
 }  // namespace Catch
 #elif RPMAPP_CATCH2_MAJOR == 2
 #include <catch2/catch.hpp>

@@ -394,7 +394,7 @@ class Conn {
     if (!core_) return detail::fail(detail::moved_from("Conn::disconnect"));
     errno = 0;
     if (detail::provider().disconnect(core_->id.get()) != 0)
-      return detail::fail(detail::provider_error("rdma_disconnect", errno));
+      return detail::fail(detail::provider_error_in("Conn::disconnect", "rdma_disconnect", errno));
     return {};
   }
 
@@ -406,7 +406,9 @@ class Conn {
   expected<void> close() && noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::close"));
     auto core = std::move(core_);
-    return detail::close_core(*core, {"Conn::close", LogLevel::warning});
+    auto closed = detail::close_core(*core, {"Conn::close", LogLevel::warning});
+    detail::name_in(closed, "Conn::close");
+    return closed;
   }
 
  private:
@@ -422,6 +424,11 @@ class Conn {
   }
 
   expected<Cq> wait_shared(const char* call, detail::Wait wait) noexcept {
+    auto fired = wait_shared_event(call, wait);
+    detail::name_in(fired, call);
+    return fired;
+  }
+  expected<Cq> wait_shared_event(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
     if (!core_->config.completion_channel) return detail::fail(detail::no_completion_channel(call));
     if (!core_->config.shared_completion_channel) return detail::fail(not_shared(call));

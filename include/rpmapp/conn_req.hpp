@@ -96,10 +96,10 @@ class ConnReq {
     errno = 0;
     if (incoming_) {
       if (detail::provider().accept(core->id.get(), &param) != 0)
-        return detail::fail(detail::provider_error("rdma_accept", errno));
+        return detail::fail(detail::provider_error_in(call, "rdma_accept", errno));
       core->id.get_deleter().reject_first = false;
     } else if (detail::provider().connect(core->id.get(), &param) != 0) {
-      return detail::fail(detail::provider_error("rdma_connect", errno));
+      return detail::fail(detail::provider_error_in(call, "rdma_connect", errno));
     }
     return Conn(std::move(core));
   }
@@ -128,7 +128,7 @@ class ConnReq {
                      "rdma_reject");
     core->id.get_deleter().reject_first = false;
     if (auto closed = detail::close_core(*core, first.by); !closed) first.note(closed.error());
-    return first.result();
+    return detail::named(call, first.result());
   }
 
   /// Releases the request (an incoming one is rejected without private data), reporting
@@ -137,7 +137,7 @@ class ConnReq {
   expected<void> close() && noexcept {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::close"));
     auto core = std::move(core_);
-    return detail::close_core(*core, {"ConnReq::close", LogLevel::warning});
+    return detail::named("ConnReq::close", detail::close_core(*core, {"ConnReq::close", LogLevel::warning}));
   }
 
   /// Posts a receive before the connection exists (librpma's rpma_conn_req_recv), so that
@@ -265,7 +265,8 @@ class PendingConnReq {
     if (!result && result.error() == errc::no_event && core_) {
       drop(call);
       return detail::fail(detail::make_error(errc::provider, ETIMEDOUT, resolving_call(),
-                                             "no resolution event within {} ms", bound.count()));
+                                             "no resolution event within {} ms", bound.count())
+                              .name_operation(call));
     }
     return result;
   }
@@ -291,8 +292,12 @@ class PendingConnReq {
     return stage_ == Stage::address ? "rdma_resolve_addr" : "rdma_resolve_route";
   }
 
-  // Handles events until resolution is over or none arrives within `wait`.
+  // Handles events until resolution is over or none arrives within `wait`; an error names
+  // `call`.
   expected<ConnReq> advance(const char* call, detail::Wait wait) noexcept {
+    return detail::named(call, advance_events(call, wait));
+  }
+  expected<ConnReq> advance_events(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
     const detail::Deadline deadline(wait);  // one bound for all the events handled
     for (;;) {
@@ -387,7 +392,7 @@ inline expected<ConnReq> ConnReq::to(const Peer& peer, std::string_view addr,
                                      std::string_view port, const ConnConfig& config) noexcept {
   auto pending = start_as("ConnReq::to", peer, addr, port, config);
   if (!pending) return detail::fail(pending.error());
-  return std::move(*pending).wait();
+  return detail::named("ConnReq::to", std::move(*pending).wait());
 }
 
 RPMAPP_END_NAMESPACE

@@ -189,7 +189,9 @@ class Cq {
   expected<void> arm() noexcept {
     if (!cq_) return detail::fail(empty("Cq::arm"));
     if (!channel_) return detail::fail(detail::no_completion_channel("Cq::arm"));
-    return detail::rearm(cq_);
+    auto armed = detail::rearm(cq_);
+    detail::name_in(armed, "Cq::arm");
+    return armed;
   }
 
   /// Polls up to out.size() completions into `out` without waiting (librpma's
@@ -210,8 +212,9 @@ class Cq {
       detail::watch_path(path_, got);
       return got;
     }
-    if (n == 0) return detail::fail(Error(errc::no_completion, 0, "ibv_poll_cq", "the queue is empty"));
-    return detail::fail(detail::poll_error(n, out.size()));
+    if (n == 0)
+      return detail::fail(Error(errc::no_completion, 0, "ibv_poll_cq", "the queue is empty").name_operation("Cq::get"));
+    return detail::fail(detail::poll_error(n, out.size()).name_operation("Cq::get"));
   }
 
   /// Returns at least one completion: polls, and while the queue is empty waits for its
@@ -251,7 +254,9 @@ class Cq {
   }
 
   expected<void> wait_event(const char* call, detail::Wait wait) noexcept {
-    return wait_until(call, detail::Deadline(wait));
+    auto waited = wait_until(call, detail::Deadline(wait));
+    detail::name_in(waited, call);
+    return waited;
   }
   expected<void> wait_until(const char* call, const detail::Deadline& deadline) noexcept {
     if (!cq_) return detail::fail(empty(call));
@@ -270,8 +275,12 @@ class Cq {
     if (cq_ && !channel_) return detail::fail(detail::no_completion_channel(call));
     for (;;) {
       auto got = get(out);
-      if (got || got.error().code() != errc::no_completion) return got;
-      if (auto waited = wait_until(call, deadline); !waited) return detail::fail(waited.error());
+      if (got || got.error().code() != errc::no_completion) {
+        detail::name_in(got, call);
+        return got;
+      }
+      if (auto waited = wait_until(call, deadline); !waited)
+        return detail::fail(waited.error().name_operation(call));
     }
   }
 

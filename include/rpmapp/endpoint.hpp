@@ -225,7 +225,7 @@ class Endpoint {
   /// after the first are logged, notice; requests rejected here are logged, info).
   expected<void> shutdown() && noexcept {
     if (!state_) return detail::fail(detail::moved_from("Endpoint::shutdown"));
-    return release({"Endpoint::shutdown", LogLevel::warning});
+    return detail::named("Endpoint::shutdown", release({"Endpoint::shutdown", LogLevel::warning}));
   }
 
  private:

@@ -75,21 +75,26 @@ inline std::size_t write_message(const Error& error, char* buffer, std::size_t r
 }
 
 /// A failure: the errc, the provider's errno where a provider call failed (0 otherwise),
-/// the name of the failing call (a provider function such as "rdma_listen", or the rpmapp
-/// function that rejected its arguments) and a reason. A value type of fixed size: copying
-/// it never allocates or throws.
+/// the rpmapp function that failed (operation(), such as "ConnReq::to"), the name of the
+/// failing call under it (a provider function such as "rdma_resolve_route", or the rpmapp
+/// function itself when it rejected its arguments) and a reason. A value type of fixed
+/// size: copying it never allocates or throws.
 /// Thread safety: a const Error may be read from several threads.
 class Error {
  public:
+  static constexpr std::size_t max_operation = 39;
   static constexpr std::size_t max_call = 47;
   static constexpr std::size_t max_reason = 159;
 
   constexpr Error() noexcept = default;
-  /// `call` and `reason` are copied (truncated to max_call and max_reason bytes).
+  /// `call` and `reason` are copied (truncated to max_call and max_reason bytes). A `call`
+  /// with a scope ("Conn::write": a function that rejected its arguments itself) is the
+  /// operation too; a provider function's ("rdma_listen") leaves operation() to be named.
   Error(errc code, int sys_errno, std::string_view call, std::string_view reason = {}) noexcept
       : code_(code), errno_(sys_errno) {
     call_len_ = copy_truncated(call, call_, max_call);
     reason_len_ = copy_truncated(reason, reason_, max_reason);
+    if (call.find("::") != std::string_view::npos) name_operation(call);
   }
 
   constexpr errc code() const noexcept { return code_; }
@@ -99,9 +104,24 @@ class Error {
   std::string_view call() const noexcept { return {call_, call_len_}; }
   /// Why it failed, in words (may be empty).
   std::string_view reason() const noexcept { return {reason_, reason_len_}; }
+  /// The rpmapp function that failed, e.g. "Endpoint::listen" (every Error rpmapp returns,
+  /// hands to a handler or resumes a coroutine with names one); "" for an Error made
+  /// with the constructor and not named since.
+  std::string_view operation() const noexcept { return {operation_, operation_len_}; }
+  /// Names `operation` (truncated to max_operation bytes) as the function that failed,
+  /// replacing the one named: rpmapp names the public function its caller called (the
+  /// outer one where one calls another, e.g. Peer::from_address, not the Peer::open in
+  /// it). Never fails.
+  Error& name_operation(std::string_view operation) noexcept {
+    operation_len_ = copy_truncated(operation, operation_, max_operation);
+    return *this;
+  }
 
-  /// One line: "<call>: <errc text>[: <strerror> (errno N)][: <reason>]".
-  /// Example: "rdma_listen: provider error: Address already in use (errno 98)".
+  /// One line: "[<operation>: ]<call>: <errc text>[: <strerror> (errno N)][: <reason>]",
+  /// the operation left out when it is the call itself (an rpmapp function that rejected
+  /// its arguments) or not named.
+  /// Example: "Endpoint::listen: rdma_listen: provider error: Address already in use
+  /// (errno 98)".
   std::string message() const {
     std::string text(max_message, '\0');
     std::size_t size = detail::write_message(*this, text.data(), text.size());
@@ -118,8 +138,8 @@ class Error {
   std::error_code system_error_code() const noexcept { return {errno_, std::system_category()}; }
 
   friend bool operator==(const Error& a, const Error& b) noexcept {
-    return a.code_ == b.code_ && a.errno_ == b.errno_ && a.call() == b.call() &&
-           a.reason() == b.reason();
+    return a.code_ == b.code_ && a.errno_ == b.errno_ && a.operation() == b.operation() &&
+           a.call() == b.call() && a.reason() == b.reason();
   }
   friend bool operator==(const Error& a, errc b) noexcept { return a.code_ == b; }
 
@@ -141,12 +161,14 @@ class Error {
     return static_cast<unsigned char>(len);
   }
   // Room for any message with a strerror text of up to 200 bytes (glibc's are below 60).
-  static constexpr std::size_t max_message = max_call + max_reason + 300;
+  static constexpr std::size_t max_message = max_operation + max_call + max_reason + 300;
 
   errc code_ = errc::unknown;
   int errno_ = 0;
+  unsigned char operation_len_ = 0;
   unsigned char call_len_ = 0;
   unsigned char reason_len_ = 0;
+  char operation_[max_operation] = {};
   char call_[max_call] = {};
   char reason_[max_reason] = {};
 };
@@ -162,6 +184,10 @@ inline const char* pick_strerror(int xsi_result, char* buf) noexcept {
 /// Returns the whole length.
 inline std::size_t write_message(const Error& error, char* buffer, std::size_t room) noexcept {
   BoundedWriter out(buffer, room);
+  if (!error.operation().empty() && error.operation() != error.call()) {
+    out.put(error.operation());
+    out.put(": ");
+  }
   if (!error.call().empty()) {
     out.put(error.call());
     out.put(": ");

@@ -141,7 +141,7 @@ class EventLoop {
     if (auto ok = check_running(call); !ok) return detail::fail(ok.error());
     const detail::Deadline deadline(timeout.count() < 0 ? detail::Wait::forever() : detail::Wait::bounded(timeout));
     bool destroyed = false;  // by a handler: *this may be gone
-    return detail::run_round(core_.get(), deadline, destroyed);
+    return detail::named(call, detail::run_round(core_.get(), deadline, destroyed));
   }
 
   /// Makes run() / run_for() return (run_once: the next one) and cancels the awaiting
@@ -264,7 +264,7 @@ class EventLoop {
     if (channel == nullptr)
       return detail::fail(detail::invalid(call, "the connection has no receive completion channel of its own "
                                                 "(rcq_size 0, or shared_completion_channel: watch CqKind::main)"));
-    if (auto ok = nonblocking(channel->fd); !ok) return detail::fail(ok.error());
+    if (auto ok = detail::completion_fds_nonblocking(*core); !ok) return detail::fail(ok.error().name_operation(call));
     return detail::no_throw(call, [&]() -> expected<Registration> {
       auto w = std::make_unique<detail::CompletionWaiter>();
       w->core = core;
@@ -364,19 +364,10 @@ class EventLoop {
     core_.reset();
   }
 
-  expected<void> nonblocking(int fd) noexcept {
-    const detail::Provider& p = detail::provider();
-    errno = 0;
-    const int flags = p.fcntl(fd, F_GETFL, 0);
-    if (flags < 0) return detail::fail(detail::provider_error("fcntl", errno, "F_GETFL on the completion channel"));
-    if (flags & O_NONBLOCK) return {};
-    errno = 0;
-    if (p.fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
-      return detail::fail(detail::provider_error("fcntl", errno, "F_SETFL O_NONBLOCK on the completion channel"));
-    return {};
-  }
-
   expected<void> run_until(const char* call, const detail::Deadline& deadline) noexcept {
+    return detail::named(call, run_rounds(call, deadline));
+  }
+  expected<void> run_rounds(const char* call, const detail::Deadline& deadline) noexcept {
     if (auto ok = check_running(call); !ok) return ok;
     detail::LoopCore* core = core_.get();  // a handler may destroy *this: only `core` from here
     for (;;) {

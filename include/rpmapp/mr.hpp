@@ -73,7 +73,7 @@ class MrLocal {
     if (to_underlying(usage) == 0)
       return detail::fail(detail::invalid(call, "the usage is empty (no MrUsage bit set)"));
     auto mr = detail::register_memory(*peer.state(), ptr, size, usage);
-    if (!mr) return detail::fail(mr.error());
+    if (!mr) return detail::fail(mr.error().name_operation(call));
     return MrLocal(peer.state(), std::move(*mr), usage);
   }
   /// As above, for a span of bytes.
@@ -109,7 +109,7 @@ class MrLocal {
     const detail::Provider& p = mr_.get_deleter().provider();
     auto peer = std::move(peer_);
     if (int rc = p.dereg_mr(mr_.release()); rc != 0)
-      return detail::fail(detail::provider_error("ibv_dereg_mr", rc));
+      return detail::fail(detail::provider_error_in("MrLocal::dereg", "ibv_dereg_mr", rc));
     return {};
   }
 
@@ -181,9 +181,11 @@ class MrLocal {
     const int rc = detail::provider().advise_mr(mr_->pd, advice, flags, &sge, 1);
     if (rc == 0) return {};
     if (rc == EOPNOTSUPP || rc == ENOTSUP)
-      return detail::fail(Error(errc::nosupp, rc, "ibv_advise_mr", "the device does not support this advice"));
-    if (rc == EINVAL || rc == EFAULT) return detail::fail(Error(errc::inval, rc, "ibv_advise_mr"));
-    return detail::fail(detail::provider_error("ibv_advise_mr", rc));
+      return detail::fail(
+          Error(errc::nosupp, rc, "ibv_advise_mr", "the device does not support this advice").name_operation(call));
+    if (rc == EINVAL || rc == EFAULT)
+      return detail::fail(Error(errc::inval, rc, "ibv_advise_mr").name_operation(call));
+    return detail::fail(detail::provider_error_in(call, "ibv_advise_mr", rc));
   }
 
  private:

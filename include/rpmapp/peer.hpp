@@ -198,7 +198,7 @@ class Peer {
     constexpr const char* call = "Peer::open";
     if (context == nullptr) return detail::fail(detail::invalid(call, "device context is null"));
     if (auto owned = detail::check_cm_context(call, context); !owned)
-      return detail::fail(owned.error());
+      return detail::fail(owned.error().name_operation(call));
     return detail::no_throw(call, [&]() -> expected<Peer> {
       auto state = std::make_shared<detail::PeerState>();
       state->teardown = {call, LogLevel::notice};  // until the Peer is made
@@ -261,7 +261,7 @@ class Peer {
     constexpr const char* call = "Peer::from_address";
     detail::SocketAddress where;
     if (auto ok = detail::check_numeric_address(call, addr, &where); !ok)
-      return detail::fail(ok.error());
+      return detail::fail(ok.error().name_operation(call));
     return detail::no_throw(call, [&]() -> expected<Peer> {
       const detail::Deadline deadline(detail::Wait::bounded(timeout));
       for (int attempt = 0;; ++attempt) {
@@ -364,7 +364,7 @@ class Peer {
   expected<void> close() && noexcept {
     if (!state_) return detail::fail(detail::moved_from("Peer::close"));
     auto state = std::move(state_);
-    if (state.use_count() == 1) return state->release({"Peer::close", LogLevel::warning});
+    if (state.use_count() == 1) return detail::named("Peer::close", state->release({"Peer::close", LogLevel::warning}));
     return {};
   }
 

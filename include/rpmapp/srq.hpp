@@ -138,7 +138,7 @@ class Srq {
     auto sge = detail::recv_sge(call, dst, offset, len, state_->peer->pd.get());
     if (!sge) [[unlikely]]
       return detail::fail(sge.error());
-    return detail::post_srq_recv(state_->srq.get(), *sge, context);
+    return detail::post_srq_recv("Srq::recv", state_->srq.get(), *sge, context);
   }
 
   /// The queue's receive CQ; an empty Cq when it was created with rcq_size 0.
@@ -163,7 +163,7 @@ class Srq {
     if (!state_) return detail::fail(detail::moved_from("Srq::close"));
     auto state = std::move(state_);
     if (state.use_count() != 1) return {};
-    return state->release({"Srq::close", LogLevel::warning});
+    return detail::named("Srq::close", state->release({"Srq::close", LogLevel::warning}));
   }
 
   /// Internal: the shared state, for the connections that use the queue.

@@ -93,7 +93,7 @@ template <class U> inline constexpr bool is_expected<expected<U>> = true;
 /// expected, else a thrown std::invalid_argument (which reaches the awaiting coroutine).
 template <class T> T empty_task_result() {
   constexpr const char* reason = "co_await on an empty Task (moved from, or handed to spawn)";
-  if constexpr (is_expected<T>) return fail(Error(errc::inval, 0, "Task", reason));
+  if constexpr (is_expected<T>) return fail(Error(errc::inval, 0, "Task", reason).name_operation("Task"));
   else throw std::invalid_argument(reason);
 }
 
@@ -160,10 +160,11 @@ inline Task<void> TaskPromise<void>::get_return_object() noexcept {
 /// Errors: inval (empty loop or task; a task already started).
 /// Thread safety: on the loop's thread.
 inline expected<void> spawn(EventLoop& loop, Task<void> task) noexcept {
-  if (!loop) return detail::fail(detail::moved_from("spawn"));
+  if (!loop) return detail::fail(detail::moved_from("spawn").name_operation("spawn"));
   // A task awaited by another coroutine (started) is that coroutine's to resume.
   if (!task.handle_ || task.handle_.done() || task.handle_.promise().continuation)
-    return detail::fail(detail::invalid("spawn", "the task is empty, already started or finished"));
+    return detail::fail(
+        detail::invalid("spawn", "the task is empty, already started or finished").name_operation("spawn"));
   auto handle = std::exchange(task.handle_, nullptr);
   auto& promise = handle.promise();
   detail::LoopCore* core = loop.core();
@@ -183,12 +184,15 @@ inline expected<void> spawn(EventLoop& loop, Task<void> task) noexcept {
 /// itself an expected, the two levels are returned as they are.
 /// Thread safety: on the loop's thread.
 template <class T> expected<T> block_on(EventLoop& loop, Task<T> task) noexcept(false) {
-  if (!loop) return detail::fail(detail::moved_from("block_on"));
-  if (!task.handle_) return detail::fail(detail::invalid("block_on", "the task is empty"));
+  constexpr const char* call = "block_on";
+  // the loop's own errors name block_on; the task's result is returned as it is
+  const auto fail = [](Error e) { return detail::fail(e.name_operation(call)); };
+  if (!loop) return fail(detail::moved_from(call));
+  if (!task.handle_) return fail(detail::invalid(call, "the task is empty"));
   if (!task.handle_.done() && task.handle_.promise().continuation)
-    return detail::fail(detail::invalid("block_on", "the task is already started by another coroutine"));
+    return fail(detail::invalid(call, "the task is already started by another coroutine"));
   if (loop.core()->dispatch_depth > 0)
-    return detail::fail(detail::invalid("block_on", "called from a handler or coroutine of this loop"));
+    return fail(detail::invalid(call, "called from a handler or coroutine of this loop"));
   detail::LoopCore* core = loop.core();  // the task may destroy `loop`: only `core` from here
   bool finished = task.handle_.done();
   task.handle_.promise().finished = &finished;
@@ -199,14 +203,14 @@ template <class T> expected<T> block_on(EventLoop& loop, Task<T> task) noexcept(
     --core->dispatch_depth;
     if (core->doomed) {
       destroyed = true;
-      if (auto failed = detail::LoopCore::destroy_doomed(core); !failed) return detail::fail(failed.error());
+      if (auto failed = detail::LoopCore::destroy_doomed(core); !failed) return fail(failed.error());
     }
   }
   while (!finished) {
     if (destroyed)
-      return detail::fail(detail::invalid("block_on", "the event loop was destroyed before the task finished"));
+      return fail(detail::invalid(call, "the event loop was destroyed before the task finished"));
     auto ran = detail::run_round(core, detail::Deadline(detail::Wait::forever()), destroyed);
-    if (!ran) return detail::fail(ran.error());
+    if (!ran) return fail(ran.error());
   }
   if constexpr (std::is_void_v<T>) {
     task.handle_.promise().result();

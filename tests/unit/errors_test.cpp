@@ -68,6 +68,57 @@ TEST_CASE("Error::message names the call, the errno text and the reason", "[erro
   }
 }
 
+TEST_CASE("Error::operation names the rpmapp function; message() leads with it", "[error]") {
+  Error e(errc::provider, ECONNREFUSED, "rdma_resolve_route");
+  CHECK(e.operation() == "");  // a provider function's name is not the operation
+  const std::string tail = e.message();
+  e.name_operation("ConnReq::to");
+  CHECK(e.operation() == "ConnReq::to");
+  CHECK(e.call() == "rdma_resolve_route");
+  CHECK(e.message() == "ConnReq::to: " + tail);
+  SECTION("the outer name replaces the inner one") {
+    e.name_operation("Peer::open").name_operation("Peer::from_address");
+    CHECK(e.operation() == "Peer::from_address");
+  }
+  SECTION("a call with a scope is its own operation, said once") {
+    Error inval(errc::inval, 0, "Conn::write", "out of bounds");
+    CHECK(inval.operation() == "Conn::write");
+    CHECK(inval.message() == "Conn::write: invalid argument: out of bounds");
+  }
+  SECTION("truncated, not overflowed") {
+    e.name_operation(std::string(100, 'o'));
+    CHECK(e.operation() == std::string(Error::max_operation, 'o'));
+  }
+  SECTION("compared") {
+    Error other(errc::provider, ECONNREFUSED, "rdma_resolve_route");
+    CHECK_FALSE(e == other);
+    other.name_operation("ConnReq::to");
+    CHECK(e == other);
+  }
+}
+
+TEST_CASE("an Error from a provider failure names the public function that was called",
+          "[error]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    // ConnReq::to runs PendingConnReq::wait: the name is the caller's
+    fake.fail("rdma_resolve_route", ENETUNREACH);
+    auto req = ConnReq::to(peer, "169.254.77.9", "7471");
+    REQUIRE_FALSE(req);
+    check_injected(req.error(), "rdma_resolve_route", ENETUNREACH);
+    CHECK(req.error().operation() == "ConnReq::to");
+    CHECK_THAT(req.error().message(), Catch::StartsWith("ConnReq::to: rdma_resolve_route: provider error: "));
+    // Peer::from_address runs Peer::open
+    fake.fail("ibv_alloc_pd", EACCES);
+    auto other = Peer::from_address(fake::FakeProvider::address(0), AddressKind::local);
+    REQUIRE_FALSE(other);
+    check_injected(other.error(), "ibv_alloc_pd", EACCES);
+    CHECK(other.error().operation() == "Peer::from_address");
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("Error compares by value and with an errc", "[error]") {
   Error a(errc::provider, EIO, "rdma_listen", "x");
   Error b = a;

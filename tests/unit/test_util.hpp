@@ -114,6 +114,9 @@ inline void check_injected(const Error& e, const std::string& call, int err) {
   CHECK(e.code() == expected_errc(call, err));
   CHECK(e.sys_errno() == err);
   CHECK(str(e.call()) == call);
+  // the rpmapp function it came from leads the message
+  CHECK(str(e.operation()).find("::") != std::string::npos);
+  CHECK_THAT(e.message(), Catch::StartsWith(str(e.operation()) + ": " + call + ": "));
 }
 
 /// Checks an inval Error from `call` whose reason mentions `words`.
@@ -122,6 +125,11 @@ inline void check_inval(const Error& e, std::string_view call, std::string_view 
   CHECK(e.code() == errc::inval);
   CHECK(e.sys_errno() == 0);
   CHECK(e.call() == call);
+  // the rpmapp function called: the call itself, or the one that ran it (said first)
+  if (e.operation() != call) {
+    CHECK(str(e.operation()).find("::") != std::string::npos);
+    CHECK_THAT(e.message(), Catch::StartsWith(str(e.operation()) + ": " + std::string(call) + ": "));
+  }
   if (!words.empty()) CHECK_THAT(e.message(), Catch::Contains(std::string(words)));
 }
 

@@ -39,7 +39,8 @@ class Awaiter : public Waiter {
     if (timeout_.count() >= 0) core_->set_deadline(*this, deadline_after(timeout_));
     return true;
   }
-  Result await_resume() noexcept { return self().take(); }
+  /// The result; an error names the awaited operation (call_).
+  Result await_resume() noexcept { return named(call_, self().take()); }
 
   void ready(std::uint32_t) noexcept override {
     if (!self().attempt()) return;  // nothing yet (another reader took it): keep waiting

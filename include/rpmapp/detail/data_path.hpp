@@ -99,18 +99,20 @@ inline unsigned signaled(Completion when) noexcept {
   return when == Completion::always ? static_cast<unsigned>(IBV_SEND_SIGNALED) : 0u;
 }
 
-inline Error post_error(const char* post_call, int rc) noexcept {
+/// The failure of the public function `call` in the post `post_call`.
+inline Error post_error(const char* call, const char* post_call, int rc) noexcept {
   // ENOMEM from a post means the queue is full, not that memory ran out.
-  if (rc == ENOMEM)
-    return Error(errc::provider, rc, post_call, "the queue is full (more work requests in flight than its size)");
-  return Error(errc::provider, rc, post_call);
+  Error e = rc == ENOMEM ? Error(errc::provider, rc, post_call,
+                                 "the queue is full (more work requests in flight than its size)")
+                         : Error(errc::provider, rc, post_call);
+  return e.name_operation(call);
 }
 
 /// Posts one send-queue work request with one (or no) scatter/gather entry.
-inline expected<void> post_send(ibv_qp* qp, ibv_send_wr& wr) noexcept {
+inline expected<void> post_send(const char* call, ibv_qp* qp, ibv_send_wr& wr) noexcept {
   ibv_send_wr* bad = nullptr;
   if (int rc = provider().post_send(qp, &wr, &bad); rc != 0) [[unlikely]]
-    return fail(post_error("ibv_post_send", rc));
+    return fail(post_error(call, "ibv_post_send", rc));
   return {};
 }
 
@@ -123,19 +125,20 @@ inline ibv_recv_wr recv_wr(ibv_sge& sge, std::uint64_t context) noexcept {
   return wr;
 }
 
-inline expected<void> post_recv(ibv_qp* qp, ibv_sge sge, std::uint64_t context) noexcept {
+inline expected<void> post_recv(const char* call, ibv_qp* qp, ibv_sge sge, std::uint64_t context) noexcept {
   ibv_recv_wr wr = recv_wr(sge, context);
   ibv_recv_wr* bad = nullptr;
   if (int rc = provider().post_recv(qp, &wr, &bad); rc != 0) [[unlikely]]
-    return fail(post_error("ibv_post_recv", rc));
+    return fail(post_error(call, "ibv_post_recv", rc));
   return {};
 }
 
-inline expected<void> post_srq_recv(ibv_srq* srq, ibv_sge sge, std::uint64_t context) noexcept {
+inline expected<void> post_srq_recv(const char* call, ibv_srq* srq, ibv_sge sge,
+                                    std::uint64_t context) noexcept {
   ibv_recv_wr wr = recv_wr(sge, context);
   ibv_recv_wr* bad = nullptr;
   if (int rc = provider().post_srq_recv(srq, &wr, &bad); rc != 0) [[unlikely]]
-    return fail(post_error("ibv_post_srq_recv", rc));
+    return fail(post_error(call, "ibv_post_srq_recv", rc));
   return {};
 }
 

@@ -51,12 +51,38 @@ inline Error moved_from(const char* call) noexcept {
 
 inline unexpected fail(Error e) noexcept { return unexpected(e); }
 
-/// Runs `body` (returning expected<T>), turning std::bad_alloc into errc::nomem:
-/// the library never throws.
+/// Names `operation`, the public function returning `result`, in its Error (replacing
+/// the name an inner public function gave it). Called on the way out of every public
+/// function that can fail in a provider call; the success path tests one flag.
+template <class T> void name_in(expected<T>& result, const char* operation) noexcept {
+  if (!result) [[unlikely]]
+    result.error().name_operation(operation);
+}
+
+/// name_in for a result returned at once (the control path: one move more):
+/// `return named(call, step());`.
+template <class T> expected<T> named(const char* operation, expected<T> result) noexcept {
+  name_in(result, operation);
+  return result;
+}
+
+/// An error of `operation` (an rpmapp function) in the provider call `call`.
+[[gnu::cold]] inline Error provider_error_in(const char* operation, std::string_view call,
+                                             int sys_errno, std::string_view reason = {}) noexcept {
+  Error e = provider_error(call, sys_errno, reason);
+  e.name_operation(operation);
+  return e;
+}
+
+/// Runs `body` (returning expected<T>) as the public function `call`, turning
+/// std::bad_alloc into errc::nomem (the library never throws); an error names `call`
+/// (name_in).
 template <class Body>
 auto no_throw(const char* call, Body&& body) noexcept -> decltype(body()) {
   try {
-    return body();
+    auto result = body();
+    name_in(result, call);
+    return result;
   } catch (const std::bad_alloc&) {
     return fail(Error(errc::nomem, ENOMEM, call, "memory allocation failed"));
   }

@@ -116,7 +116,7 @@ struct ResolveWaiter final : detail::HandlerWaiter {
     if (loop != nullptr) loop->remove(*this);
     if (link != nullptr) link->detach(*this);  // the ConnReq's now
     auto keep = std::move(handler);
-    keep(std::move(request));
+    keep(detail::named("EventLoop::resolve", std::move(request)));
   }
 };
 
@@ -139,24 +139,25 @@ struct CompletionWaiter final : detail::HandlerWaiter {
         if (!drained && !w->done() && w->loop != nullptr) w->loop->post_next_round(*w);
       }
     } due{this};
+    static constexpr const char* call = "EventLoop::watch_completions";
     detail::ChannelQueues queues(*core, receive);
     if (auto taken = queues.take_events(); !taken) {
       if (taken.error().sys_errno() == EIO) {
         if (loop != nullptr) loop->remove(*this);
         due.drained = true;
       }
-      handler(detail::fail(taken.error()));
+      handler(detail::fail(taken.error().name_operation(call)));
       if (done()) return;
     }
     if (auto armed = queues.rearm(); !armed) {
-      handler(detail::fail(armed.error()));
+      handler(detail::fail(armed.error().name_operation(call)));
       if (done()) return;
     }
     ibv_wc wc[completion_batch];
     for (int round = 0; round < per_round; ++round) {
       auto n = queues.poll(wc);
       if (!n) {
-        handler(detail::fail(n.error()));
+        handler(detail::fail(n.error().name_operation(call)));
         return;
       }
       if (*n == 0) {

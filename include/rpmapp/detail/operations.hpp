@@ -24,7 +24,7 @@ inline expected<void> read(const char* call, ConnectionCore& core, const MrLocal
   if (auto ok = check_remote(call, src, src_offset, len, MrUsage::read_src); !ok) [[unlikely]]
     return ok;
   ibv_send_wr wr = rdma_wr(IBV_WR_RDMA_READ, *sge, src, src_offset, when, context);
-  return post_send(qp_of(core), wr);
+  return post_send(call, qp_of(core), wr);
 }
 
 inline expected<void> write(const char* call, ConnectionCore& core, const MrRemote& dst,
@@ -40,7 +40,7 @@ inline expected<void> write(const char* call, ConnectionCore& core, const MrRemo
     return ok;
   ibv_send_wr wr = rdma_wr(opcode, *sge, dst, dst_offset, when, context);
   if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) wr.imm_data = imm_to_wire(imm);
-  return post_send(qp_of(core), wr);
+  return post_send(call, qp_of(core), wr);
 }
 
 inline expected<void> atomic_write(const char* call, ConnectionCore& core, const MrRemote& dst,
@@ -60,7 +60,7 @@ inline expected<void> atomic_write(const char* call, ConnectionCore& core, const
     const int rc = provider().post_atomic_write(qp_of(core), context, signaled(when), dst.rkey(),
                                                 remote, value.data());
     if (rc != 0) [[unlikely]]
-      return fail(post_error("ibv_wr_complete", rc));
+      return fail(post_error(call, "ibv_wr_complete", rc));
     return {};
   }
   // librpma 1.2's emulation: an 8-byte inline RDMA WRITE, fenced so that it waits for
@@ -74,7 +74,7 @@ inline expected<void> atomic_write(const char* call, ConnectionCore& core, const
   sge.lkey = 0;  // inline: not looked at
   ibv_send_wr wr = rdma_wr(IBV_WR_RDMA_WRITE, sge, dst, dst_offset, when, context);
   wr.send_flags |= IBV_SEND_INLINE | IBV_SEND_FENCE;
-  return post_send(qp_of(core), wr);
+  return post_send(call, qp_of(core), wr);
 }
 
 inline expected<void> flush(const char* call, ConnectionCore& core, const MrRemote& dst,
@@ -104,7 +104,7 @@ inline expected<void> flush(const char* call, ConnectionCore& core, const MrRemo
                                          dst.address() + dst_offset, len, native_type,
                                          native_flush_abi::level_range);
     if (rc != 0) [[unlikely]]
-      return fail(post_error("ibv_wr_complete", rc));
+      return fail(post_error(call, "ibv_wr_complete", rc));
     return {};
   }
   // librpma's emulation (APM): an RDMA READ after the writes makes them visible (and, with
@@ -116,7 +116,7 @@ inline expected<void> flush(const char* call, ConnectionCore& core, const MrRemo
   sge.length = static_cast<std::uint32_t>(left < PeerState::flush_read_size ? left : PeerState::flush_read_size);
   sge.lkey = core.peer->flush_mr->lkey;
   ibv_send_wr wr = rdma_wr(IBV_WR_RDMA_READ, sge, dst, dst_offset, when, context);
-  return post_send(qp_of(core), wr);
+  return post_send(call, qp_of(core), wr);
 }
 
 inline expected<void> send(const char* call, ConnectionCore& core, const MrLocal& src,
@@ -129,7 +129,7 @@ inline expected<void> send(const char* call, ConnectionCore& core, const MrLocal
     return fail(sge.error());
   ibv_send_wr wr = send_wr(opcode, *sge, when, context);
   if (opcode == IBV_WR_SEND_WITH_IMM) wr.imm_data = imm_to_wire(imm);
-  return post_send(qp_of(core), wr);
+  return post_send(call, qp_of(core), wr);
 }
 
 inline expected<void> recv(const char* call, ConnectionCore& core, const MrLocal& dst,
@@ -140,7 +140,7 @@ inline expected<void> recv(const char* call, ConnectionCore& core, const MrLocal
   auto sge = recv_sge(call, dst, offset, len, core.peer->pd.get());
   if (!sge) [[unlikely]]
     return fail(sge.error());
-  return post_recv(qp_of(core), *sge, context);
+  return post_recv(call, qp_of(core), *sge, context);
 }
 
 }  // namespace detail
