@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -532,9 +533,26 @@ void b_client(const char* self) {
   expect_all_back(guest_before, "live client (round 3)");
 }
 
-// ================================================================ c: 5 s link cut
-// An established connection; the client's guest link is cut for 5 s with a send in flight,
-// then restored: the send completes, and data flows again with its content checked.
+// ================================================================ c: link cut, then restored
+// An established connection; the client's guest link is cut with a send in flight, then
+// restored: the send completes, and data flows again with its content checked. The cut
+// lasts 5 s, or half the queue pair's retry budget where that is shorter: the budget,
+// (retry_cnt + 1) local ACK timeouts of 4.096 us * 2^timeout, is the kernel's choice
+// (rdma_cm sets the timeout from its RoCE packet lifetime: 2^19, 15 s with retry_count 6,
+// on 6.1; 2^17, 3.8 s, on 6.12), and a longer cut ends the connection (scenario d).
+std::chrono::milliseconds cut_within_retry_budget(rpmapp::Conn& conn) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (int rc = ibv_query_qp(MUST(conn.qp()), &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init); rc != 0)
+    fail("ibv_query_qp: " + std::string(std::strerror(rc)));
+  const double budget_s = (attr.retry_cnt + 1) * 4.096e-6 * static_cast<double>(1ull << attr.timeout);
+  say("retry budget " + std::to_string(budget_s) + " s (timeout " + std::to_string(attr.timeout) +
+      ", retry_cnt " + std::to_string(attr.retry_cnt) + ")");
+  measure("retry_budget_s", budget_s);
+  const auto half = std::chrono::milliseconds(static_cast<long>(budget_s * 500));
+  return std::min<std::chrono::milliseconds>(5s, half);
+}
+
 void c_server() {
   open_ledger();
   const auto baseline = reliability::ledger_of();
@@ -565,17 +583,20 @@ void c_client() {
   open_ledger();
   const auto baseline = reliability::ledger_of();
   int unreachable = 0;
+  std::chrono::milliseconds cut_for{};
   {
     const std::string ip = env("SOFTROCE_IP");
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
     auto conn = connect_to_server(peer, wait_for("port", 60s));
     Buffers buf(peer);
     for (int i = 0; i < 3; ++i) client_round_trip(conn, buf, "before " + std::to_string(i), 10s);
+    cut_for = cut_within_retry_budget(conn);
+    measure("cut_s", cut_for.count() / 1000.0);
     set_my_link("off");
     const auto cut = Clock::now();
     // a round trip started while the link is down: it completes after the restore
     std::thread restore([&] {
-      std::this_thread::sleep_for(5s);
+      std::this_thread::sleep_for(cut_for);
       set_my_link("on");
     });
     std::string failure;
@@ -596,7 +617,8 @@ void c_client() {
     client_bye(conn, buf);
     close_conn(conn, "client");
   }
-  say("connection survived a 5 s cut; unreachable events: " + std::to_string(unreachable));
+  say("connection survived a " + std::to_string(cut_for.count()) + " ms cut; unreachable events: " +
+      std::to_string(unreachable));
   measure("unreachable_events", unreachable);
   expect_ledger_back(baseline, "client");
 }
