@@ -97,7 +97,8 @@ TEST_CASE("Error::operation names the rpmapp function; message() leads with it",
   }
 }
 
-TEST_CASE("an Error from a provider failure names the public function that was called",
+TEST_CASE("review 2 (porting): an Error from a provider failure names the public function that "
+          "was called",
           "[error]") {
   fake::FakeProvider fake;
   {
