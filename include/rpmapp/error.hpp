@@ -105,8 +105,9 @@ class Error {
   /// Why it failed, in words (may be empty).
   std::string_view reason() const noexcept { return {reason_, reason_len_}; }
   /// The rpmapp function that failed, e.g. "Endpoint::listen" (every Error rpmapp returns,
-  /// hands to a handler or resumes a coroutine with names one); "" for an Error made
-  /// with the constructor and not named since.
+  /// hands to a handler or resumes a coroutine with names one, but check(wc)'s: a failed
+  /// work completion does not say which call posted it); "" for an Error made with the
+  /// constructor and not named since.
   std::string_view operation() const noexcept { return {operation_, operation_len_}; }
   /// Names `operation` (truncated to max_operation bytes) as the function that failed,
   /// replacing the one named: rpmapp names the public function its caller called (the
