@@ -82,8 +82,8 @@ inline std::size_t write_message(const Error& error, char* buffer, std::size_t r
 /// Thread safety: a const Error may be read from several threads.
 class Error {
  public:
-  static constexpr std::size_t max_operation = 39;
-  static constexpr std::size_t max_call = 47;
+  static constexpr std::size_t max_operation = 31;
+  static constexpr std::size_t max_call = 31;
   static constexpr std::size_t max_reason = 159;
 
   constexpr Error() noexcept = default;

@@ -100,7 +100,7 @@ inline unsigned signaled(Completion when) noexcept {
 }
 
 /// The failure of the public function `call` in the post `post_call`.
-inline Error post_error(const char* call, const char* post_call, int rc) noexcept {
+[[gnu::cold, gnu::noinline]] inline Error post_error(const char* call, const char* post_call, int rc) noexcept {
   // ENOMEM from a post means the queue is full, not that memory ran out.
   Error e = rc == ENOMEM ? Error(errc::provider, rc, post_call,
                                  "the queue is full (more work requests in flight than its size)")
