@@ -29,7 +29,7 @@ enum Call : unsigned char {
   c_destroy_comp_channel, c_create_cq, c_destroy_cq, c_req_notify_cq, c_fcntl, c_poll,
   c_query_device_ex, c_reg_mr, c_dereg_mr, c_advise_mr, c_create_qp_ex, c_post_send, c_post_recv,
   c_post_srq_recv, c_post_atomic_write, c_post_flush, c_poll_cq, c_get_cq_event, c_ack_cq_events, c_create_srq,
-  c_destroy_srq,
+  c_destroy_srq, c_alloc_mw, c_dealloc_mw, c_getrandom,
 };
 
 inline constexpr int pool_size = 8;
@@ -457,6 +457,21 @@ inline const rpmapp::detail::Provider provider = {
     [](ibv_srq*) {
       note(c_destroy_srq);
       return 0;
+    },
+    // alloc_mw, dealloc_mw, getrandom: grants are not measured against this fake
+    [](ibv_pd*, ibv_mw_type) -> ibv_mw* {
+      note(c_alloc_mw);
+      errno = EOPNOTSUPP;
+      return nullptr;
+    },
+    [](ibv_mw*) {
+      note(c_dealloc_mw);
+      return 0;
+    },
+    [](void*, size_t, unsigned) -> ssize_t {
+      note(c_getrandom);
+      errno = ENOSYS;
+      return -1;
     },
     // the event loop's calls: the system's (the loop is not measured against the fake)
     ::epoll_create1,

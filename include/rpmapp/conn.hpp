@@ -108,6 +108,7 @@ inline expected<ConnEvent> next_conn_event(const char* call, ConnectionCore& cor
 }  // namespace detail
 
 class ConnReq;
+class Grant;
 
 /// A connection, made by ConnReq::connect. It owns its cm_id (on its own event channel),
 /// its queue pair and completion queues, and keeps its Peer's protection domain alive.
@@ -414,6 +415,7 @@ class Conn {
  private:
   friend struct detail::LoopAccess;
   friend class ConnReq;
+  friend class Grant;
   explicit Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept : core_(std::move(core)) {
     core_->teardown = {"Conn::~Conn", LogLevel::warning};
   }

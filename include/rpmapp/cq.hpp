@@ -4,6 +4,7 @@
 
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/grants.hpp>
 #include <rpmapp/detail/source_link.hpp>
 #include <rpmapp/detail/verbs_abi.hpp>
 #include <rpmapp/error.hpp>
@@ -66,12 +67,17 @@ namespace detail {
 struct PathMonitor {
   std::atomic<bool> failed{false};  // atomic: the queues may be read on another thread
   SourceLink* watchers = nullptr;   // the connection's event-loop watchers, told once
+  GrantRegistry* grants = nullptr;  // the connection's grants: settled by their binds' completions
 };
 
 /// Looks for a transport failure among completions just read from a queue of the
 /// connection `path` watches (none: a queue shared by several connections).
+/// Also settles the connection's grants whose binds the completions show done.
 inline void watch_path(PathMonitor* path, std::span<const ibv_wc> completions) noexcept {
-  if (path == nullptr || path->failed.load(std::memory_order_relaxed)) return;
+  if (path == nullptr) return;
+  if (path->grants != nullptr && path->grants->pending.load(std::memory_order_relaxed) != 0) [[unlikely]]
+    path->grants->completed(completions, {"Grant (settled by its bind's completion)", LogLevel::warning});
+  if (path->failed.load(std::memory_order_relaxed)) return;
   for (const ibv_wc& wc : completions)
     if (wc.status == IBV_WC_RETRY_EXC_ERR) {
       path->failed.store(true, std::memory_order_relaxed);

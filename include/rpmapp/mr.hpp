@@ -3,6 +3,7 @@
 #pragma once
 
 #include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/grants.hpp>
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/mr_usage.hpp>
@@ -42,11 +43,34 @@ inline MrDescriptor encode_descriptor(std::uint64_t addr, std::uint64_t len, std
   d[20] = static_cast<std::byte>(to_underlying(usage));
   return d;
 }
+/// Copies `d` into `out` for `call`'s write_descriptor. Errors: inval when `out` is
+/// shorter than the descriptor (nothing is written then).
+inline expected<std::size_t> copy_descriptor(const char* call, const MrDescriptor& d,
+                                             std::span<std::byte> out) noexcept {
+  if (out.size() < mr_descriptor_size)
+    return fail(invalid(call, "buffer of {} bytes is too small for the {}-byte descriptor", out.size(),
+                        mr_descriptor_size));
+  std::copy(d.begin(), d.end(), out.begin());
+  return mr_descriptor_size;
+}
 /// True when [offset, offset + len) lies in a region of `size` bytes (no overflow).
 constexpr bool in_bounds(std::size_t offset, std::size_t len, std::uint64_t size) noexcept {
   return offset <= size && len <= size - offset;
 }
 }  // namespace detail
+
+/// Who may reach a region's remote usages (read_src, write_dst, flush_*).
+enum class MrScope {
+  /// Every connection of its Peer whose peer has its descriptor, for as long as it stays
+  /// registered: its own key carries the remote rights (librpma's model).
+  peer,
+  /// Only connections it is granted to (Grant::make), for the range and usages granted,
+  /// while the grant lives: its own key carries no remote right (the Peer needs
+  /// memory_windows()).
+  grants,
+};
+
+class Grant;
 
 /// A region of the caller's memory registered on a Peer for some usages (librpma's
 /// rpma_mr_local). Move-only; deregistered when destroyed. It keeps its Peer's protection
@@ -59,26 +83,44 @@ class MrLocal {
   /// rights the usages need (see MrUsage; librpma's mapping, iWARP rule included). A
   /// registration the device refuses with EOPNOTSUPP is retried with on-demand paging when
   /// the device supports it (Peer::odp_capable), as librpma does.
+  /// With MrScope::grants the registration has the local rights only, and
+  /// IBV_ACCESS_MW_BIND: its remote usages are reached only through grants.
   /// Errors:
-  /// - inval: empty `peer`; `ptr` null; `size` 0; `usage` empty.
+  /// - inval: empty `peer`; `ptr` null; `size` 0; `usage` empty; MrScope::grants with
+  ///   read_dst on iWARP (a READ destination must be remotely writable there).
+  /// - nosupp: MrScope::grants on a Peer without memory windows.
   /// - provider: ibv_reg_mr failed (errno in the Error; e.g. EFAULT for memory that is not
   ///   mapped, EPERM/ENOMEM beyond the locked-memory limit).
   /// - nomem: ibv_reg_mr failed with ENOMEM (often RLIMIT_MEMLOCK), or out of memory.
   /// Thread safety: may be called concurrently.
-  static expected<MrLocal> reg(const Peer& peer, void* ptr, std::size_t size, MrUsage usage) noexcept {
+  static expected<MrLocal> reg(const Peer& peer, void* ptr, std::size_t size, MrUsage usage,
+                               MrScope scope = MrScope::peer) noexcept {
     constexpr const char* call = "MrLocal::reg";
     if (!peer) return detail::fail(detail::moved_from(call));
     if (ptr == nullptr) return detail::fail(detail::invalid(call, "the memory pointer is null"));
     if (size == 0) return detail::fail(detail::invalid(call, "the size is 0"));
     if (to_underlying(usage) == 0)
       return detail::fail(detail::invalid(call, "the usage is empty (no MrUsage bit set)"));
-    auto mr = detail::register_memory(*peer.state(), ptr, size, usage);
-    if (!mr) return detail::fail(mr.error().name_operation(call));
-    return MrLocal(peer.state(), std::move(*mr), usage);
+    const detail::PeerState& state = *peer.state();
+    const bool for_grants = scope == MrScope::grants;
+    if (for_grants && !state.memory_windows)
+      return detail::fail(Error(errc::nosupp, 0, call,
+                                "MrScope::grants needs memory windows, which the device does not have"));
+    if (for_grants && state.iwarp && has(usage, MrUsage::read_dst))
+      return detail::fail(detail::invalid(
+          call, "on iWARP a read_dst region must be remotely writable: register it with MrScope::peer"));
+    return detail::no_throw(call, [&]() -> expected<MrLocal> {
+      std::unique_ptr<detail::GrantRegistry> grants;
+      if (for_grants) grants = std::make_unique<detail::GrantRegistry>();
+      auto mr = detail::register_memory(state, ptr, size, usage, for_grants);
+      if (!mr) return detail::fail(mr.error());
+      return MrLocal(peer.state(), std::move(*mr), usage, std::move(grants));
+    });
   }
   /// As above, for a span of bytes.
-  static expected<MrLocal> reg(const Peer& peer, std::span<std::byte> memory, MrUsage usage) noexcept {
-    return reg(peer, memory.data(), memory.size(), usage);
+  static expected<MrLocal> reg(const Peer& peer, std::span<std::byte> memory, MrUsage usage,
+                               MrScope scope = MrScope::peer) noexcept {
+    return reg(peer, memory.data(), memory.size(), usage, scope);
   }
 
   /// An empty MrLocal, as a moved-from one (every call is inval): for tables of slots.
@@ -92,25 +134,27 @@ class MrLocal {
       peer_ = std::move(other.peer_);
       mr_ = std::move(other.mr_);
       usage_ = other.usage_;
+      grants_ = std::move(other.grants_);
     }
     return *this;
   }
-  /// Deregisters; a failure is logged (warning, "MrLocal::~MrLocal"; use dereg() to get it).
+  /// Revokes its grants and deregisters; a failure is logged (warning, "MrLocal::~MrLocal";
+  /// use dereg() to get it).
   ~MrLocal() { dereg_logged("MrLocal::~MrLocal"); }
 
   /// False when moved from or deregistered.
   explicit operator bool() const noexcept { return mr_ != nullptr; }
 
-  /// Deregisters the region (the MrLocal is empty afterwards, whatever the result).
-  /// Errors: inval when empty; provider: ibv_dereg_mr failed (e.g. EBUSY while a memory
-  /// window is bound).
+  /// Revokes the region's grants (MrScope::grants), then deregisters it (the MrLocal is
+  /// empty afterwards, whatever the result): once it returns, no peer reaches the memory.
+  /// Errors: inval when empty; provider: ibv_dealloc_mw (a grant's window) or ibv_dereg_mr
+  /// failed (the rest is still released; the first failure is returned).
   expected<void> dereg() && noexcept {
-    if (!mr_) return detail::fail(detail::moved_from("MrLocal::dereg"));
-    const detail::Provider& p = mr_.get_deleter().provider();
-    auto peer = std::move(peer_);
-    if (int rc = p.dereg_mr(mr_.release()); rc != 0)
-      return detail::fail(detail::provider_error_in("MrLocal::dereg", "ibv_dereg_mr", rc));
-    return {};
+    constexpr const char* call = "MrLocal::dereg";
+    if (!mr_) return detail::fail(detail::moved_from(call));
+    auto released = release({call, LogLevel::notice});
+    detail::name_in(released, call);
+    return released;
   }
 
   /// The registered memory's start. Errors: inval when empty.
@@ -135,28 +179,33 @@ class MrLocal {
   }
 
   /// The region's descriptor for the peer (librpma's rpma_mr_get_descriptor: 21 bytes,
-  /// address, length, rkey and usage, little-endian). Errors: inval when empty.
+  /// address, length, rkey and usage, little-endian).
+  /// Errors: inval when empty, or registered with MrScope::grants (its own key carries no
+  /// remote right: a peer gets a Grant's descriptor instead).
   expected<MrDescriptor> descriptor() const noexcept {
-    if (!mr_) return detail::fail(detail::moved_from("MrLocal::descriptor"));
+    constexpr const char* call = "MrLocal::descriptor";
+    if (!mr_) return detail::fail(detail::moved_from(call));
+    if (grants_) return detail::fail(grants_only(call));
     return detail::encode_descriptor(reinterpret_cast<std::uintptr_t>(mr_->addr), mr_->length,
                                      mr_->rkey, usage_);
   }
   /// Writes the descriptor into `out` (e.g. a private-data buffer) and returns its size.
-  /// Errors: inval when empty or when `out` is shorter than mr_descriptor_size (nothing
+  /// Errors: as descriptor(); inval when `out` is shorter than mr_descriptor_size (nothing
   /// is written then).
   expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept {
     constexpr const char* call = "MrLocal::write_descriptor";
     if (!mr_) return detail::fail(detail::moved_from(call));
-    if (out.size() < mr_descriptor_size)
-      return detail::fail(detail::invalid(call, "buffer of {} bytes is too small for the {}-byte descriptor",
-                                          out.size(), mr_descriptor_size));
-    const MrDescriptor d = *descriptor();
-    std::copy(d.begin(), d.end(), out.begin());
-    return mr_descriptor_size;
+    if (grants_) return detail::fail(grants_only(call));
+    return detail::copy_descriptor(call, *descriptor(), out);
   }
   /// As above, into a char buffer (librpma programs keep descriptors in char arrays).
   expected<std::size_t> write_descriptor(std::span<char> out) const noexcept {
     return write_descriptor(std::as_writable_bytes(out));
+  }
+  /// The scope it was registered with. Errors: inval when empty.
+  expected<MrScope> scope() const noexcept {
+    if (!mr_) return detail::fail(detail::moved_from("MrLocal::scope"));
+    return grants_ ? MrScope::grants : MrScope::peer;
   }
 
   /// Gives the device advice about [offset, offset + len) (ibv_advise_mr, e.g.
@@ -190,21 +239,38 @@ class MrLocal {
 
  private:
   friend struct detail::MrAccess;
-  MrLocal(std::shared_ptr<detail::PeerState> peer, detail::MemoryRegion mr, MrUsage usage) noexcept
-      : peer_(std::move(peer)), mr_(std::move(mr)), usage_(usage) {}
+  friend class Grant;
+  MrLocal(std::shared_ptr<detail::PeerState> peer, detail::MemoryRegion mr, MrUsage usage,
+          std::unique_ptr<detail::GrantRegistry> grants) noexcept
+      : peer_(std::move(peer)), mr_(std::move(mr)), usage_(usage), grants_(std::move(grants)) {}
 
-  void dereg_logged(const char* where) noexcept {
+  /// Revokes the grants, then deregisters; the first failure is returned, later ones
+  /// logged (FirstError).
+  expected<void> release(detail::Teardown by) noexcept {
+    detail::FirstError first{by};
+    if (grants_) grants_->revoke_all(first);
+    grants_.reset();
     if (mr_) {
       const detail::Provider& p = mr_.get_deleter().provider();
-      detail::log_value_release({where, LogLevel::warning}, p.dereg_mr(mr_.release()),
-                                "ibv_dereg_mr");
+      first.value_call(p.dereg_mr(mr_.release()), "ibv_dereg_mr");
     }
     peer_.reset();
+    return first.result();
+  }
+  static Error grants_only(const char* call) noexcept {
+    return Error(errc::inval, 0, call,
+                 "the region is registered with MrScope::grants: hand out a Grant's descriptor");
+  }
+  void dereg_logged(const char* where) noexcept {
+    if (!mr_) return;
+    if (auto released = release({where, LogLevel::warning}); !released) [[unlikely]]
+      detail::log(LogLevel::warning, where, released.error());
   }
 
   std::shared_ptr<detail::PeerState> peer_;  // declared first: outlives the registration
   detail::MemoryRegion mr_;
   MrUsage usage_{};
+  std::unique_ptr<detail::GrantRegistry> grants_;  // MrScope::grants only
 };
 
 /// A peer's memory region, described by the descriptor it sent (librpma's rpma_mr_remote).

@@ -65,6 +65,26 @@ constexpr int access_for(MrUsage usage, bool iwarp, bool native_flush = false) n
   if (has(usage, MrUsage::recv)) access |= IBV_ACCESS_LOCAL_WRITE;
   return access;
 }
+
+/// The usages a grant can give a peer (Grant::make): the remote ones.
+inline constexpr MrUsage remote_usages =
+    MrUsage::read_src | MrUsage::write_dst | MrUsage::flush_visibility | MrUsage::flush_persistent;
+
+/// The ibverbs access rights of a region registered for grants (MrScope::grants): its own
+/// key gives no remote access, so only the local rights of access_for, plus
+/// IBV_ACCESS_MW_BIND. A write_dst region keeps LOCAL_WRITE, which a window that gives
+/// remote write needs in its region (rxe refuses the bind otherwise). The remote rights go
+/// to each grant's window (window_access_for).
+constexpr int access_for_grants(MrUsage usage, bool iwarp) noexcept {
+  return (access_for(usage, iwarp) & ~(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)) |
+         IBV_ACCESS_MW_BIND;
+}
+
+/// The remote rights of a grant's window for `usage` (remote usages only): what
+/// access_for gives a region for them, the flush rights too when the device flushes natively.
+constexpr int window_access_for(MrUsage usage, bool native_flush) noexcept {
+  return access_for(usage & remote_usages, false, native_flush) & ~IBV_ACCESS_LOCAL_WRITE;
+}
 }  // namespace detail
 
 RPMAPP_END_NAMESPACE

@@ -37,6 +37,7 @@ struct PeerState {
   bool odp = false;                  // on-demand paging for RC reads and writes
   bool native_atomic_write = false;  // IBV_WR_ATOMIC_WRITE
   bool native_flush = false;         // ibv_wr_flush, both flush types (rdma-core 45 on)
+  bool memory_windows = false;       // type 2A or 2B: windows bound to one queue pair (grants)
   ProtectionDomain pd;
   // Where emulated flushes read to: one page, registered once per Peer, shared by its
   // connections (what lands there is never looked at).
@@ -135,13 +136,16 @@ struct PeerState {
   }
 };
 
-/// Registers `size` bytes at `addr` for `usage` on `peer`, retrying with on-demand paging
+/// Registers `size` bytes at `addr` for `usage` on `peer` (`for_grants`: with
+/// access_for_grants' rights), retrying with on-demand paging
 /// when the device refuses the memory with EOPNOTSUPP and supports ODP (librpma's rule:
 /// FSDAX memory). Errors: provider / nomem (ibv_reg_mr, errno in the Error).
 inline expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
-                                              std::size_t size, MrUsage usage) noexcept {
+                                              std::size_t size, MrUsage usage,
+                                              bool for_grants = false) noexcept {
   const Provider& p = provider();
-  const int access = access_for(usage, peer.iwarp, peer.native_flush);
+  const int access = for_grants ? access_for_grants(usage, peer.iwarp)
+                                : access_for(usage, peer.iwarp, peer.native_flush);
   errno = 0;
   ibv_mr* mr = p.reg_mr(peer.pd.get(), addr, size, access);
   if (mr == nullptr && errno == EINVAL && (access & native_flush_abi::access_flush_persistent))
@@ -217,6 +221,8 @@ class Peer {
                                              detail::native_flush_abi::device_flush_persistent;
       state->native_flush = detail::build_has_native_flush &&
                             (attr.device_cap_flags_ex & both_flushes) == both_flushes;
+      state->memory_windows = (attr.orig_attr.device_cap_flags &
+                               (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
       state->iwarp = context->device != nullptr &&
                      context->device->transport_type == IBV_TRANSPORT_IWARP;
       errno = 0;
@@ -346,6 +352,12 @@ class Peer {
   expected<bool> native_flush() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Peer::native_flush"));
     return state_->native_flush;
+  }
+  /// Whether the device has memory windows bound to one queue pair (type 2A or 2B; rxe's
+  /// 2B): Grant::make and MrScope::grants need them. Errors: inval when empty.
+  expected<bool> memory_windows() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Peer::memory_windows"));
+    return state_->memory_windows;
   }
   /// The device's name, e.g. "rxe0". Errors: inval when empty.
   expected<std::string> device_name() const noexcept {

@@ -10,6 +10,7 @@
 #include <rpmapp/error.hpp>
 #include <rpmapp/event_loop.hpp>
 #include <rpmapp/expected.hpp>
+#include <rpmapp/grant.hpp>
 #include <rpmapp/log.hpp>
 #include <rpmapp/mr.hpp>
 #include <rpmapp/mr_usage.hpp>

@@ -539,6 +539,12 @@ struct FakeProvider::Impl {
       id->qp = nullptr;
       return err;
     }
+    for (Window& w : f().windows_)
+      if (w.bound && w.qp == id->qp) {
+        // rxe_destroy_qp waits (up to 50 s) for the window's reference to the queue pair
+        f().note("ibv_destroy_qp: a type 2 memory window is still bound to the queue pair");
+        w.qp = nullptr;
+      }
     // Its outstanding work requests go with it (nothing reaches the CQs).
     f().qps_.erase(id->qp);
     delete id->qp;
@@ -656,6 +662,11 @@ struct FakeProvider::Impl {
     for (auto& [srq, info] : f().srqs_)
       if (srq->pd == pd) {
         f().note("ibv_dealloc_pd: a shared receive queue still uses the pd");
+        return EBUSY;
+      }
+    for (const Window& w : f().windows_)
+      if (w.pd == pd) {
+        f().note("ibv_dealloc_pd: a memory window is still allocated on the pd");
         return EBUSY;
       }
     f().pds_.erase(pd);
@@ -862,6 +873,7 @@ struct FakeProvider::Impl {
     attr->odp_caps.general_caps = caps.odp_general_caps;
     attr->odp_caps.per_transport_caps.rc_odp_caps = caps.rc_odp_caps;
     attr->device_cap_flags_ex = caps.device_cap_flags_ex;
+    attr->orig_attr.device_cap_flags = caps.device_cap_flags;
     return 0;
   }
 
@@ -914,10 +926,17 @@ struct FakeProvider::Impl {
     auto lock = f().lock();
     int err = 0;
     bool failed = f().injected("ibv_dereg_mr", err);
-    if (!f().mrs_.erase(mr)) {
+    if (!f().mrs_.count(mr)) {
       f().note("ibv_dereg_mr: mr not alive");
       return EINVAL;
     }
+    // rxe_dereg_mr (IBA 10.6.7.2.6): refused while windows are bound to it
+    for (const Window& w : f().windows_)
+      if (w.bound && w.mr == mr) {
+        f().note("ibv_dereg_mr: a memory window is still bound to the region (rxe: EINVAL)");
+        return EINVAL;
+      }
+    f().mrs_.erase(mr);
     f().destroyed("mr");
     delete mr;
     return failed ? err : 0;
@@ -976,6 +995,12 @@ struct FakeProvider::Impl {
         return rc;
       };
       if (info.state == QpState::init) return refuse(EINVAL);  // rxe: not in RTS
+      if (wr->opcode == IBV_WR_BIND_MW) {  // rxe's validate_send_wr
+        if (wr->num_sge != 0 || wr->imm_data != 0 || qp->qp_type != IBV_QPT_RC) return refuse(EINVAL);
+        if (info.sends.size() >= info.cap.max_send_wr) return refuse(ENOMEM);
+        post_bind(qp, info, *wr);
+        continue;
+      }
       if (wr->num_sge < 0 || static_cast<std::uint32_t>(wr->num_sge) > info.cap.max_send_sge ||
           (wr->num_sge > 0 && wr->sg_list == nullptr))
         return refuse(EINVAL);
@@ -1015,6 +1040,121 @@ struct FakeProvider::Impl {
       info.sends.push_back(std::move(out));
     }
     return 0;
+  }
+
+  // A bind accepted by ibv_post_send: rxe executes it when its requester reaches it; here
+  // at once (the window is bound), while its completion waits for complete_sends. A bind
+  // the kernel refuses completes with IBV_WC_MW_BIND_ERR and breaks the connection: rpmapp
+  // must never post one, so it is recorded as a failure (and completes that way). So does
+  // a bind whose window is deallocated before the bind completed (dealloc_mw).
+  static void post_bind(ibv_qp* qp, QpInfo& info, const ibv_send_wr& wr) {
+    PostedWr posted;
+    posted.queue = PostedWr::Queue::send;
+    posted.qp_num = qp->qp_num;
+    posted.wr_id = wr.wr_id;
+    posted.opcode = wr.opcode;
+    posted.send_flags = wr.send_flags;
+    posted.rkey = wr.bind_mw.rkey;
+    posted.mw = wr.bind_mw.mw;
+    posted.bind_mr = wr.bind_mw.bind_info.mr;
+    posted.bind_addr = wr.bind_mw.bind_info.addr;
+    posted.bind_length = wr.bind_mw.bind_info.length;
+    posted.bind_access = wr.bind_mw.bind_info.mw_access_flags;
+    Outstanding out{wr.wr_id, wr.opcode, (wr.send_flags & IBV_SEND_SIGNALED) != 0, true, 0, {}, wr.bind_mw.mw};
+    f().posted_.push_back(posted);
+    if (info.state == QpState::error) {  // flushed at once, the window left as it was
+      f().complete_one(qp, out, qp->send_cq, IBV_WC_WR_FLUSH_ERR, false);
+      return;
+    }
+    if (const std::string why = f().bind_refusal(qp, wr); !why.empty()) {
+      f().note("ibv_post_send: a bind the kernel refuses: " + why);
+      out.local_ok = false;
+    } else {
+      Window& w = *f().window_of(wr.bind_mw.mw);
+      w.rkey = (w.rkey & ~0xffu) | (wr.bind_mw.rkey & 0xffu);
+      w.bound = true;
+      w.qp = w.type == IBV_MW_TYPE_2 ? qp : nullptr;
+      w.mr = wr.bind_mw.bind_info.mr;
+      w.addr = wr.bind_mw.bind_info.addr;
+      w.length = wr.bind_mw.bind_info.length;
+      w.access = wr.bind_mw.bind_info.mw_access_flags;
+    }
+    info.sends.push_back(std::move(out));
+  }
+
+  static ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type) {
+    auto lock = f().lock();
+    if (fails("ibv_alloc_mw")) return nullptr;
+    if (!f().pds_.count(pd)) {
+      f().note("ibv_alloc_mw: pd not alive");
+      errno = EINVAL;
+      return nullptr;
+    }
+    // libibverbs: EOPNOTSUPP when the provider has no alloc_mw (siw)
+    const unsigned caps = f().caps_[f().device_of_context(pd->context)].device_cap_flags;
+    if (!(caps & IBV_DEVICE_MEM_WINDOW)) {
+      errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    auto* mw = new ibv_mw{};
+    mw->context = pd->context;
+    mw->pd = pd;
+    mw->type = type;
+    // rxe_alloc_mw: the pool index, then a random byte (here a fixed one: the key's low
+    // byte is rpmapp's to choose at the bind)
+    mw->rkey = (f().next_mw_index_++ << 8) | 0x5a;
+    mw->handle = mw->rkey;
+    Window w;
+    w.mw = mw;
+    w.type = type;
+    w.pd = pd;
+    w.rkey = mw->rkey;
+    f().windows_.push_back(w);
+    f().created("mw");
+    return mw;
+  }
+
+  static int dealloc_mw(ibv_mw* mw) {
+    auto lock = f().lock();
+    int err = 0;
+    bool failed = f().injected("ibv_dealloc_mw", err);
+    auto it = std::find_if(f().windows_.begin(), f().windows_.end(),
+                           [&](const Window& w) { return w.mw == mw; });
+    if (it == f().windows_.end()) {
+      f().note("ibv_dealloc_mw: memory window not alive");
+      return EINVAL;
+    }
+    // rxe_dealloc_mw: always succeeds, unbinding it (an injected failure still releases
+    // it). A bind of it not yet completed would find no window: it fails (MW_BIND_ERR).
+    for (auto& [qp, info] : f().qps_)
+      for (Outstanding& wr : info.sends)
+        if (wr.opcode == IBV_WR_BIND_MW && wr.mw == mw) wr.local_ok = false;
+    f().windows_.erase(it);
+    f().destroyed("mw");
+    delete mw;
+    return failed ? err : 0;
+  }
+
+  static ssize_t getrandom(void* buf, size_t n, unsigned int flags) {
+    auto lock = f().lock();
+    if (fails("getrandom")) return -1;
+    if (flags & ~(GRND_NONBLOCK | GRND_RANDOM)) {
+      errno = EINVAL;
+      return -1;
+    }
+    auto* out = static_cast<std::uint8_t*>(buf);
+    std::size_t given = 0;
+    for (; given < n && !f().random_bytes_.empty(); ++given) {
+      out[given] = f().random_bytes_.front();
+      f().random_bytes_.pop_front();
+    }
+    if (given == n) return static_cast<ssize_t>(n);
+    const ssize_t rest = ::getrandom(out + given, n - given, flags);
+    return rest < 0 ? rest : static_cast<ssize_t>(given) + rest;
   }
 
   // One receive into `queue` (a QP's or an SRQ's): ENOMEM when full.
@@ -1631,6 +1771,9 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::ack_cq_events>::call,
     Sentinel<&FakeProvider::Impl::create_srq>::call,
     Sentinel<&FakeProvider::Impl::destroy_srq>::call,
+    Sentinel<&FakeProvider::Impl::alloc_mw>::call,
+    Sentinel<&FakeProvider::Impl::dealloc_mw>::call,
+    Sentinel<&FakeProvider::Impl::getrandom, Ok::non_negative>::call,
     Sentinel<&FakeProvider::Impl::epoll_create1, Ok::non_negative>::call,
     Sentinel<&FakeProvider::Impl::epoll_ctl>::call,
     Sentinel<&FakeProvider::Impl::epoll_wait, Ok::non_negative>::call,
@@ -2168,7 +2311,8 @@ void FakeProvider::push_wc(ibv_cq* cq, const ibv_wc& wc) {
 
 void FakeProvider::complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_status status,
                                 bool recv) {
-  if (status == IBV_WC_SUCCESS && !wr.local_ok) status = IBV_WC_LOC_PROT_ERR;
+  if (status == IBV_WC_SUCCESS && !wr.local_ok)
+    status = wr.opcode == IBV_WR_BIND_MW ? IBV_WC_MW_BIND_ERR : IBV_WC_LOC_PROT_ERR;
   if (!recv && status == IBV_WC_SUCCESS && !wr.signaled) return;  // silent
   ibv_wc wc{};
   wc.wr_id = wr.wr_id;
@@ -2185,6 +2329,7 @@ void FakeProvider::complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_
         wc.byte_len = wr.byte_len;
         break;
       case IBV_WR_ATOMIC_WRITE: wc.opcode = IBV_WC_ATOMIC_WRITE; break;
+      case IBV_WR_BIND_MW: wc.opcode = IBV_WC_BIND_MW; break;
       case rpmapp::detail::native_flush_abi::wr_flush:
         wc.opcode = static_cast<ibv_wc_opcode>(rpmapp::detail::native_flush_abi::wc_flush);
         break;
@@ -2192,6 +2337,74 @@ void FakeProvider::complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_
     }
   }
   push_wc(cq, wc);
+}
+
+Window* FakeProvider::window_of(const ibv_mw* mw) {
+  for (Window& w : windows_)
+    if (w.mw == mw) return &w;
+  return nullptr;
+}
+
+std::string FakeProvider::bind_refusal(const ibv_qp* qp, const ibv_send_wr& wr) {
+  const Window* w = window_of(wr.bind_mw.mw);
+  if (w == nullptr) return "the window is not alive";
+  if (wr.bind_mw.mw->rkey != w->rkey) return "the window's key is not the kernel's (mw_rkey)";
+  const ibv_mw_bind_info& info = wr.bind_mw.bind_info;
+  const auto mr = mrs_.find(info.mr);
+  if (info.length != 0 && mr == mrs_.end()) return "the region is not alive";
+  if (w->type == IBV_MW_TYPE_1) return "a type 1 window is bound with ibv_bind_mw";
+  if (w->bound) return "a type 2 window that is already bound";
+  if (qp->pd != w->pd) return "the queue pair is on another pd";
+  if (info.length == 0) return "a zero length (that invalidates)";
+  const int mr_access = mr->second;
+  if (!(mr_access & IBV_ACCESS_MW_BIND)) return "the region was registered without IBV_ACCESS_MW_BIND";
+  if ((info.mw_access_flags & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(mr_access & IBV_ACCESS_LOCAL_WRITE))
+    return "a writable window on a region without IBV_ACCESS_LOCAL_WRITE";
+  if (info.mw_access_flags & IBV_ACCESS_ZERO_BASED) return "a zero-based window (rpmapp binds by address)";
+  const auto start = reinterpret_cast<std::uintptr_t>(info.mr->addr);
+  if (info.addr < start || info.addr + info.length > start + info.mr->length)
+    return "the range is outside the region";
+  return "";
+}
+
+std::vector<Window> FakeProvider::windows() const {
+  auto held = lock();
+  return windows_;
+}
+
+void FakeProvider::random_bytes(std::vector<std::uint8_t> bytes) {
+  auto held = lock();
+  random_bytes_.assign(bytes.begin(), bytes.end());
+}
+
+bool FakeProvider::remote_access(std::uint32_t qp_num, std::uint32_t rkey, std::uint64_t addr,
+                                 std::size_t len, int access) const {
+  auto held = lock();
+  const ibv_qp* qp = nullptr;
+  for (const auto& [q, info] : qps_)
+    if (q->qp_num == qp_num) qp = q;
+  if (qp == nullptr) return false;
+  const ibv_mr* mr = nullptr;
+  int mr_access = 0;
+  const auto window = std::find_if(windows_.begin(), windows_.end(),
+                                   [&](const Window& w) { return (w.rkey >> 8) == (rkey >> 8); });
+  if (window != windows_.end()) {  // rxe_lookup_mw
+    if (window->rkey != rkey || window->pd != qp->pd || !window->bound || window->length == 0 ||
+        (window->type == IBV_MW_TYPE_2 && window->qp != qp) || (static_cast<unsigned>(access) & window->access) != static_cast<unsigned>(access))
+      return false;
+    mr = window->mr;
+  } else {  // lookup_mr: the region's own key
+    for (const auto& [m, a] : mrs_)
+      if (m->rkey == rkey && (a & (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC))) {
+        mr = m;
+        mr_access = a;
+      }
+    if (mr == nullptr || mr->pd != qp->pd || (access & mr_access) != access) return false;
+  }
+  // mr_check_range: the region's bounds, for a window too
+  const auto start = reinterpret_cast<std::uintptr_t>(mr->addr);
+  return addr >= start && len <= mr->length && addr - start <= mr->length - len;
 }
 
 void FakeProvider::flush_qp(ibv_qp* qp) {
@@ -2259,7 +2472,8 @@ bool FakeProvider::deliver_recv(ibv_qp* qp, std::span<const std::byte> payload,
   if (queue.empty()) return false;
   Outstanding wr = std::move(queue.front());
   queue.pop_front();
-  if (status == IBV_WC_SUCCESS && !wr.local_ok) status = IBV_WC_LOC_PROT_ERR;
+  if (status == IBV_WC_SUCCESS && !wr.local_ok)
+    status = wr.opcode == IBV_WR_BIND_MW ? IBV_WC_MW_BIND_ERR : IBV_WC_LOC_PROT_ERR;
   if (status == IBV_WC_SUCCESS && !rdma_with_imm && payload.size() > wr.byte_len)
     status = IBV_WC_LOC_LEN_ERR;
   ibv_wc wc{};

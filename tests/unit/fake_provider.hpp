@@ -112,6 +112,14 @@ struct DeviceCaps {
   std::uint32_t rc_odp_caps = 0;       ///< IBV_ODP_SUPPORT_READ / _WRITE ...
   std::uint64_t device_cap_flags_ex = 0;  ///< bit 40: native atomic write; 38, 39: flushes
   ibv_transport_type transport = IBV_TRANSPORT_IB;  ///< the device's transport_type
+  /// ibv_device_attr::device_cap_flags; rxe's memory window bits by default (type 1 and 2B).
+  unsigned device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+  /// A device without memory windows (siw; ibv_alloc_mw then gives EOPNOTSUPP).
+  static DeviceCaps without_windows() {
+    DeviceCaps c;
+    c.device_cap_flags = 0;
+    return c;
+  }
   /// ODP for RC reads and writes (what librpma requires).
   static DeviceCaps with_odp() {
     DeviceCaps c;
@@ -132,6 +140,20 @@ struct Registration {
   int access = 0;
   ibv_mr* mr = nullptr;
   int err = 0;
+};
+
+/// A live memory window, as the kernel holds it (rxe's rxe_mw).
+struct Window {
+  ibv_mw* mw = nullptr;
+  ibv_mw_type type = IBV_MW_TYPE_2;
+  ibv_pd* pd = nullptr;
+  std::uint32_t rkey = 0;  ///< the kernel's key (a bind replaces its low byte)
+  bool bound = false;
+  ibv_qp* qp = nullptr;    ///< type 2: the queue pair it is bound to
+  ibv_mr* mr = nullptr;
+  std::uint64_t addr = 0;
+  std::uint64_t length = 0;
+  unsigned access = 0;
 };
 
 /// One ibv_advise_mr call.
@@ -164,6 +186,13 @@ struct PostedWr {
   std::size_t flush_len = 0;
   std::uint8_t flush_type = 0;
   std::uint8_t flush_level = 0;
+  /// A memory window bind (opcode IBV_WR_BIND_MW): the window, the new key (`rkey`), the
+  /// region, range and access rights as posted.
+  ibv_mw* mw = nullptr;
+  ibv_mr* bind_mr = nullptr;
+  std::uint64_t bind_addr = 0;
+  std::uint64_t bind_length = 0;
+  unsigned bind_access = 0;
   /// Every non-inline entry lies within a live MR of the queue's pd with that lkey (and
   /// has the MR's local-write right when the device writes into it). A request that is
   /// not completes with IBV_WC_LOC_PROT_ERR, as a real device would.
@@ -275,6 +304,18 @@ class FakeProvider {
   /// The next ibv_poll_cq on `cq` returns `result` and writes nothing: a provider's
   /// negative value (-1, a negative errno...), or more completions than were asked for.
   void poll_cq_returns(ibv_cq* cq, int result);
+  /// The live memory windows, oldest first.
+  std::vector<Window> windows() const;
+  /// Whether an RDMA access of `access` (IBV_ACCESS_REMOTE_READ, _WRITE...) to [addr, +len)
+  /// with `rkey`, arriving on the queue pair `qp_num`, passes the responder's checks as
+  /// rxe's check_rkey makes them: a window's key reaches only through its own queue pair,
+  /// while bound, for its rights; the range is checked against the *region's* bounds, for a
+  /// window too (rxe's rule, kernels 6.1 to 6.12); a region's own key needs the right in
+  /// the region and the queue pair's pd.
+  bool remote_access(std::uint32_t qp_num, std::uint32_t rkey, std::uint64_t addr, std::size_t len,
+                     int access) const;
+  /// Bytes getrandom gives next (then the system's).
+  void random_bytes(std::vector<std::uint8_t> bytes);
   std::size_t outstanding_sends(ibv_qp* qp) const;
   std::size_t outstanding_recvs(ibv_qp* qp) const;
   std::size_t outstanding_srq_recvs(ibv_srq* srq) const;
@@ -314,7 +355,7 @@ class FakeProvider {
   // ---- accounting
   /// Live resources of `kind`: "event_channel", "cm_id", "qp", "cq", "comp_channel", "pd",
   /// "unacked_event", "device_list", "mr", "srq", "unacked_cq_event", "epoll",
-  /// "eventfd".
+  /// "eventfd", "mw".
   long alive(const std::string& kind) const;
   /// How many objects of `kind` a destroy call was refused for (EBUSY) because a queue pair
   /// that survived a failed ibv_destroy_qp holds them.
@@ -361,6 +402,7 @@ class FakeProvider {
     bool local_ok = true;
     std::uint32_t byte_len = 0;
     std::vector<ibv_sge> sge;
+    ibv_mw* mw = nullptr;  // a bind's window
   };
   enum class QpState { init, rts, error };
   struct QpInfo {
@@ -411,6 +453,10 @@ class FakeProvider {
   int resolve_device(const sockaddr* dst) const;
   // The data path (mutex_ held).
   bool sge_ok(const ibv_pd* pd, const ibv_sge& sge, bool device_writes) const;
+  Window* window_of(const ibv_mw* mw);
+  /// Why rxe's bind (rxe_bind_mw, rxe_check_bind_mw) refuses `wr` on `qp`; empty when it
+  /// binds.
+  std::string bind_refusal(const ibv_qp* qp, const ibv_send_wr& wr);
   void push_wc(ibv_cq* cq, const ibv_wc& wc);
   void complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_status status, bool recv);
   void flush_qp(ibv_qp* qp);
@@ -457,6 +503,9 @@ class FakeProvider {
   std::map<ibv_comp_channel*, CompChannelInfo> comp_channels_;
   std::map<ibv_mr*, int> mrs_;  // live registrations and their access flags
   std::map<ibv_srq*, SrqInfo> srqs_;
+  std::vector<Window> windows_;  // live memory windows, oldest first
+  std::uint32_t next_mw_index_ = 0x10000;  // rxe: window indices above the regions'
+  std::deque<std::uint8_t> random_bytes_;
   DeviceCaps caps_[device_count]{};
   std::set<const void*> needs_odp_;
   std::set<const void*> persistent_;

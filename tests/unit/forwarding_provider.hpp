@@ -64,6 +64,8 @@ template <class Hook> class ForwardingProvider {
       &Forward<&P::poll_cq>::call,
       &Forward<&P::get_cq_event>::call,         &Forward<&P::ack_cq_events>::call,
       &Forward<&P::create_srq>::call,           &Forward<&P::destroy_srq>::call,
+      &Forward<&P::alloc_mw>::call,             &Forward<&P::dealloc_mw>::call,
+      &Forward<&P::getrandom>::call,
       &Forward<&P::epoll_create1>::call,        &Forward<&P::epoll_ctl>::call,
       &Forward<&P::epoll_wait>::call,           &Forward<&P::eventfd>::call,
       &Forward<&P::read>::call,                 &Forward<&P::write>::call,

@@ -21,9 +21,9 @@
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
-/// Member order is teardown order, reversed: the queue pair goes first, then the CQs and
-/// their channels, then the cm_id (rejected first if it is an unanswered request), then its
-/// event channel, the shared receive queue, and the protection domain (Peer) last.
+/// Teardown (close_core): the grants' windows go first, then the queue pair, the CQs and
+/// their channels, the cm_id (rejected first if it is an unanswered request), its event
+/// channel, the shared receive queue, and the protection domain (Peer) last.
 struct ConnectionCore {
   const Provider* seam = current_provider;  // the provider that makes and releases it
   std::shared_ptr<PeerState> peer;
@@ -44,12 +44,14 @@ struct ConnectionCore {
   bool closed_reported = false;       // ConnEvent::closed was reported
   bool lost_reported = false;         // ConnEvent::lost was reported for path.failed
   /// Told by the connection's queues when the peer stopped answering; tells `watchers`.
-  PathMonitor path{false, &watchers};
+  PathMonitor path{false, &watchers, &grants};
   bool completion_fds_nonblocking = false;  // an event loop made them O_NONBLOCK
   /// The main CQ [0] and the receive CQ [1] whose event an event loop took and which it has
   /// not re-armed yet (ibv_req_notify_cq failed): such a queue raises no event until then,
   /// so the loop re-arms it before it next polls or waits (ChannelQueues).
   bool rearm_due[2] = {false, false};
+  /// The grants made on this connection (Grant::make): revoked before the queue pair goes.
+  GrantRegistry grants;
   /// Event loops waiting on this connection: last, so they are told before anything is
   /// released (their fds leave epoll sets while still open).
   SourceLink watchers;
@@ -111,6 +113,9 @@ inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
   core.watchers.notify();
   const Provider& p = *core.seam;
   FirstError first{by};
+  // the windows first: each holds the queue pair it is bound to (rxe's ibv_destroy_qp
+  // would wait for them)
+  core.grants.revoke_all(first);
   bool qp_survived = false;
   if (core.qp) {
     const int destroyed = p.destroy_qp(core.qp.release());

@@ -12,6 +12,7 @@
 #include <rdma/rdma_cma.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -109,6 +110,12 @@ struct Provider {
   void (*ack_cq_events)(ibv_cq*, unsigned int nevents);
   ibv_srq* (*create_srq)(ibv_pd*, ibv_srq_init_attr*);
   int (*destroy_srq)(ibv_srq*);
+  // ---- memory windows (grants); a window is bound with post_send (IBV_WR_BIND_MW)
+  ibv_mw* (*alloc_mw)(ibv_pd*, ibv_mw_type);
+  /// Returns the errno value (0 on success).
+  int (*dealloc_mw)(ibv_mw*);
+  /// The key bytes of a grant's window (getrandom(2): -1 and errno, or the bytes written).
+  ssize_t (*getrandom)(void*, size_t, unsigned int flags);
   // ---- the event loop: epoll, and an eventfd that wakes it (read/write/close are for
   // the loop's own fds only)
   int (*epoll_create1)(int flags);
@@ -188,6 +195,10 @@ inline const Provider system_provider = {
     ibv_ack_cq_events,
     ibv_create_srq,
     ibv_destroy_srq,
+    // static inline in <infiniband/verbs.h>
+    [](ibv_pd* pd, ibv_mw_type type) { return ibv_alloc_mw(pd, type); },
+    [](ibv_mw* mw) { return ibv_dealloc_mw(mw); },
+    ::getrandom,
     ::epoll_create1,
     ::epoll_ctl,
     ::epoll_wait,
