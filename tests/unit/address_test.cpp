@@ -12,6 +12,8 @@
 #include <random>
 #include <string>
 
+namespace address_test {
+
 using namespace test;
 
 namespace {
@@ -319,3 +321,5 @@ TEST_CASE("the socket address rpmapp builds is the one getaddrinfo(AI_NUMERICHOS
   }
   CHECK(detail::SocketAddress::ipv4_any(7471).v4.sin_port == htons(7471));
 }
+
+}  // namespace address_test

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <thread>
 
+namespace channel_reuse_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -230,3 +232,5 @@ TEST_CASE("reuse_event_channel: connections made and released on several threads
   }
   fake.expect_clean();
 }
+
+}  // namespace channel_reuse_test

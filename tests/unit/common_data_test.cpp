@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+namespace common_data_test {
+
 using namespace test;
 
 TEST_CASE("CommonData: a server's description reads back on the client, byte for byte as librpma's "
@@ -75,3 +77,5 @@ TEST_CASE("CommonData: what a peer sends is untrusted: short data, sizes past th
   check_inval(data.region().error(), "MrRemote::from_descriptor", "not 21");
   CHECK(CommonData::describe(MrLocal()).error() == errc::inval);
 }
+
+}  // namespace common_data_test

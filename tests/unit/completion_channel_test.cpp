@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstring>
 
+namespace completion_channel_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -439,3 +441,5 @@ TEST_CASE("completion_channel false: EventLoop::watch_completions and completion
   CHECK(fake.closed_while_watched() == 0);
   fake.expect_clean();
 }
+
+}  // namespace completion_channel_test

@@ -1,6 +1,8 @@
 // ConnReq: outgoing (to, start + try_wait / wait_for / wait), connect, reject, close.
 #include "test_util.hpp"
 
+namespace conn_req_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -422,3 +424,5 @@ TEST_CASE("a moved-from ConnReq and PendingConnReq: every call is inval", "[conn
   CHECK(fake.calls_since(mark2).empty());
   CHECK(fake.calls_since(mark).size() == fake.calls_since(mark).size());
 }
+
+}  // namespace conn_req_test

@@ -1,6 +1,8 @@
 // Conn: next_event (three variants) and its event mapping, disconnect, close.
 #include "test_util.hpp"
 
+namespace conn_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -299,3 +301,5 @@ TEST_CASE("a moved-from Conn: every call is inval", "[conn][moved]") {
   check_inval(std::move(conn).close().error(), "Conn::close");
   CHECK(fake.calls_since(mark).empty());
 }
+
+}  // namespace conn_test

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <thread>
 
+namespace cq_reuse_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -311,3 +313,5 @@ TEST_CASE("reuse_completion_queues: connections made and released on several thr
   }
   fake.expect_clean();
 }
+
+}  // namespace cq_reuse_test

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <thread>
 
+namespace cq_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -714,3 +716,5 @@ TEST_CASE("lost: found through the receive CQ and through Conn::wait_completion'
   }
   fake.expect_clean();
 }
+
+}  // namespace cq_test

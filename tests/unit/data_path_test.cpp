@@ -5,6 +5,8 @@
 
 #include <arpa/inet.h>
 
+namespace data_path_test {
+
 using namespace test;
 
 namespace {
@@ -666,3 +668,5 @@ TEST_CASE("review 2 (porting): atomic_write takes a std::uint64_t, its bytes as 
   }
   fake.expect_clean();
 }
+
+}  // namespace data_path_test

@@ -5,6 +5,8 @@
 
 #include <random>
 
+namespace descriptor_test {
+
 using namespace test;
 
 TEST_CASE("MrRemote::from_descriptor: a local region's descriptor round trips", "[descriptor]") {
@@ -248,3 +250,5 @@ TEST_CASE("review 2 (porting): descriptors to and from char buffers, as librpma 
   }
   fake.expect_clean();
 }
+
+}  // namespace descriptor_test

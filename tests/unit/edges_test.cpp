@@ -10,8 +10,6 @@
 #include <type_traits>
 #include <vector>
 
-using namespace test;
-
 // ---- failing the nth allocation ----------------------------------------------------------
 // The global operator new of this test binary counts down while armed and throws
 // std::bad_alloc when the count reaches zero. The fake provider's own allocations are not
@@ -48,6 +46,11 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+
+// the replacements above are global; the rest is this file's own (the unity build batches files)
+namespace edges_test {
+
+using namespace test;
 
 namespace {
 
@@ -417,3 +420,5 @@ TEST_CASE("review 2 (porting): every handle type has an empty default state, as 
   }
   fake.expect_clean();
 }
+
+}  // namespace edges_test

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+namespace endpoint_test {
+
 using namespace test;
 
 namespace {
@@ -455,3 +457,5 @@ TEST_CASE("a moved-from Endpoint: every call is inval", "[endpoint][moved]") {
   third = std::move(other);
   CHECK(fake.alive("cm_id") == 1);
 }
+
+}  // namespace endpoint_test

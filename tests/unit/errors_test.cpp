@@ -8,6 +8,8 @@
 #include <set>
 #include <system_error>
 
+namespace errors_test {
+
 using namespace test;
 
 TEST_CASE("errc values equal librpma's RPMA_E_* codes", "[error]") {
@@ -250,3 +252,5 @@ TEST_CASE("the reason formatter's compile-time check", "[error]") {
   STATIC_REQUIRE(count_fields("a } b") == -1);
   STATIC_REQUIRE(count_fields("a {") == -1);
 }
+
+}  // namespace errors_test

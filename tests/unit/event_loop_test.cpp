@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+namespace event_loop_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -1740,3 +1742,5 @@ TEST_CASE("review 2.D: the source goes, then the loop, then the registration", "
   }
   fake.expect_clean();
 }
+
+}  // namespace event_loop_test

@@ -13,6 +13,8 @@
 #include <set>
 #include <thread>
 
+namespace fake_provider_test {
+
 using namespace test;
 using rpmapp::detail::provider;
 
@@ -899,3 +901,5 @@ TEST_CASE("fake epoll: the flags each file reports (ucma_poll, ib_uverbs_event_p
   CHECK(provider().close(ep) == 0);
   fake.expect_clean();
 }
+
+}  // namespace fake_provider_test

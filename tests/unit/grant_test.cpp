@@ -7,6 +7,8 @@
 
 #include <thread>
 
+namespace grant_test {
+
 namespace {
 
 using namespace test;
@@ -496,3 +498,5 @@ TEST_CASE("an EventLoop's completion handler settles grants as Cq::get does", "[
   CHECK(fake.closed_while_watched() == 0);
   fake.expect_clean();
 }
+
+}  // namespace grant_test

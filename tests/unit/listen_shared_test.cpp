@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+namespace listen_shared_test {
+
 using namespace test;
 
 TEST_CASE("listen_shared returns the same listener for the same device and port",
@@ -419,3 +421,5 @@ TEST_CASE("issue 8.4: of two handles released at once, one stops the listener an
   }
   fake.expect_clean();
 }
+
+}  // namespace listen_shared_test

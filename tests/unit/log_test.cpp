@@ -10,6 +10,8 @@
 #include <ostream>
 #include <thread>
 
+namespace log_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -656,3 +658,5 @@ TEST_CASE("log: threads log while another switches the function and the threshol
   d.join();
   CHECK(g_first_calls - before == 2 * per_thread);
 }
+
+}  // namespace log_test

@@ -2,6 +2,8 @@
 // argument checks, provider failures, deregistration, descriptors and advice.
 #include "data_util.hpp"
 
+namespace mr_test {
+
 using namespace test;
 
 namespace {
@@ -415,3 +417,5 @@ TEST_CASE("MrLocal::advise on a device without advice support is nosupp", "[mr][
   }
   fake.expect_clean();
 }
+
+}  // namespace mr_test

@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+namespace mutants_test {
+
 using namespace rpmapp;
 using namespace std::chrono_literals;
 
@@ -153,3 +155,5 @@ TEST_CASE("data-path bounds and a shared receive queue's lifetime",
   }
   fake.expect_clean();
 }
+
+}  // namespace mutants_test

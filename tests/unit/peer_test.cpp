@@ -1,6 +1,8 @@
 // Peer: open, from_address, close, moved-from.
 #include "test_util.hpp"
 
+namespace peer_test {
+
 using namespace test;
 
 TEST_CASE("Peer::open allocates a protection domain on the device, probes it and registers "
@@ -293,3 +295,5 @@ TEST_CASE("a moved-from Peer: every call is inval", "[peer][moved]") {
   CHECK(std::move(other).close());
   fake.expect_clean();
 }
+
+}  // namespace peer_test

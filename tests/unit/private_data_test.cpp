@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 
+namespace private_data_test {
+
 using namespace test;
 
 namespace {
@@ -121,3 +123,5 @@ TEST_CASE("docs/conn.md lists to_string(ConnEvent) exactly", "[private_data][doc
   // beyond the last enumerator: the fallback text, listed too
   CHECK(to_string(static_cast<ConnEvent>(static_cast<int>(ConnEvent::unreachable) + 1)) == "undefined");
 }
+
+}  // namespace private_data_test

@@ -1,6 +1,8 @@
 // Each test names a librpma bug (research/librpma.md) that rpmapp must not repeat.
 #include "test_util.hpp"
 
+namespace regressions_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -260,3 +262,5 @@ TEST_CASE("fuzz address: a NUL inside an address was accepted as the text before
   }
   fake.expect_clean();
 }
+
+}  // namespace regressions_test

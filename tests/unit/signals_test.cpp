@@ -7,6 +7,8 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+namespace signals_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -234,3 +236,5 @@ TEST_CASE("signals: EventLoop::run_once, run_for retry EINTR from epoll_wait; a 
     fake.expect_clean();
   }
 }
+
+}  // namespace signals_test

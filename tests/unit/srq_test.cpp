@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+namespace srq_test {
+
 using namespace test;
 
 TEST_CASE("Srq::create: the queue and its receive CQ", "[srq]") {
@@ -307,3 +309,5 @@ TEST_CASE("a shared receive queue's CQ: next_for with each provider call failing
     CHECK(out[0].wr_id == 8);
   });
 }
+
+}  // namespace srq_test

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+namespace task_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 
@@ -1348,3 +1350,5 @@ TEST_CASE("review 2.D: co_await completions(CqKind::receive) on a shared complet
   }
   fake.expect_clean();
 }
+
+}  // namespace task_test

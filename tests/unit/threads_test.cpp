@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+namespace threads_test {
+
 using namespace test;
 
 namespace {
@@ -192,3 +194,5 @@ TEST_CASE("threads: Conns in 8 threads share one MrLocal and one MrRemote; 8 thr
   }
   fake.expect_clean();
 }
+
+}  // namespace threads_test

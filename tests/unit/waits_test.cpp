@@ -7,6 +7,8 @@
 #include <chrono>
 #include <thread>
 
+namespace waits_test {
+
 using namespace test;
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
@@ -344,3 +346,5 @@ TEST_CASE("issue 8.2: fcntl failing on each channel is a provider error naming f
     fake.expect_clean();
   }
 }
+
+}  // namespace waits_test
