@@ -25,6 +25,12 @@ RPMAPP_BEGIN_NAMESPACE
 /// access through a window against its region's bounds, not the window's). Its descriptor is
 /// librpma's 21-byte format: a librpma peer uses it unchanged (MrRemote here).
 ///
+/// Where the Peer has no type 2 windows (Peer::grant_mode(), e.g. siw), or the region was
+/// registered with MrScope::grants_by_registration, a grant is instead a registration of
+/// its range with the granted rights only (GrantMode::registrations): good at once (no bind,
+/// no completion), revoked in the same cases, its key chosen by the device; but that key
+/// is good on every connection of the Peer while the grant lives, not on one only.
+///
 /// A grant is revoked by whichever comes first: revoke() or its destruction, the release
 /// of its connection (Conn::close, ~Conn), or the deregistration of its region. Once
 /// revoked the window is deallocated: an access through the old descriptor, from any
@@ -51,14 +57,16 @@ class Grant {
   static constexpr std::uint64_t bind_wr_id = 0x72706d6170703a67;
 
   /// Grants `conn`'s peer `usage` of [offset, offset + len) of `region`; the bind's
-  /// completion comes on the connection's CQ with wr_id `context`.
+  /// completion comes on the connection's CQ with wr_id `context` (by windows; by
+  /// registrations nothing is posted).
   /// Errors:
   /// - inval: `conn` or `region` is empty; `region` was registered with MrScope::peer, or
   ///   on another Peer; len 0 or the range is not within the region; `usage` is empty,
   ///   names a local usage (a grant gives read_src, write_dst, flush_visibility,
   ///   flush_persistent) or one the region was not registered for.
-  /// - provider: ibv_reg_mr (a part of a region), ibv_alloc_mw, getrandom or the bind's
-  ///   ibv_post_send failed (errno in the Error; e.g. ENOMEM: the send queue is full).
+  /// - provider: ibv_reg_mr (a part of a region, or the range by registrations),
+  ///   ibv_alloc_mw, getrandom or the bind's ibv_post_send failed (errno in the Error;
+  ///   e.g. ENOMEM: the send queue is full).
   /// - nomem: any of those with ENOMEM, or out of memory.
   /// Nothing is left bound or registered after an error.
   /// Thread safety: one thread at a time per Conn (as Conn's calls); `region` may be
@@ -88,7 +96,9 @@ class Grant {
                                           to_underlying(usage)));
     return detail::no_throw(call, [&]() -> expected<Grant> {
       auto state = std::make_shared<detail::GrantState>();
-      auto made = bind(core, *region.grants_, state, raw, region.usage_, offset, len, usage, context);
+      auto made = region.by_windows_
+                      ? bind(core, *region.grants_, state, raw, region.usage_, offset, len, usage, context)
+                      : register_range(core, *region.grants_, state, raw, offset, len, usage);
       if (!made) {  // nothing was posted: the grant goes now
         if (auto revoked = state->revoke({call, LogLevel::notice}, true); !revoked)
           detail::log(LogLevel::notice, call, revoked.error());
@@ -152,6 +162,27 @@ class Grant {
  private:
   explicit Grant(std::shared_ptr<detail::GrantState> state) noexcept : state_(std::move(state)) {}
 
+  /// GrantMode::registrations: registers the range with the granted rights and enters the
+  /// grant in the region's and the connection's registries (settled: nothing is posted).
+  /// On failure `state` holds what the caller must release.
+  static expected<void> register_range(detail::ConnectionCore& core, detail::GrantRegistry& region_grants,
+                                       const std::shared_ptr<detail::GrantState>& state, ibv_mr* region,
+                                       std::size_t offset, std::size_t len, MrUsage usage) noexcept {
+    const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(region->addr) + offset;
+    // access_for of remote usages: exactly their remote rights (and LOCAL_WRITE under a
+    // remote write, which verbs require)
+    auto range = detail::register_memory(*core.peer, reinterpret_cast<void*>(addr), len, usage);
+    if (!range) return detail::fail(range.error());
+    state->range_mr = range->release();
+    state->settled = true;
+    state->addr = addr;
+    state->length = len;
+    state->rkey = state->range_mr->rkey;
+    state->usage = usage;
+    if (auto added = region_grants.add(state); !added) return detail::fail(added.error());
+    return core.grants.add(state);
+  }
+
   /// Registers the range (a part of the region), allocates the window, enters the grant in
   /// the connection's (as its next bind) and the region's registries, then posts the bind,
   /// signaled. On failure `state` holds what the caller must release (nothing was posted);
@@ -165,7 +196,8 @@ class Grant {
     ibv_mr* target = region;
     const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(region->addr) + offset;
     if (offset != 0 || len != region->length) {
-      auto part = detail::register_memory(peer, reinterpret_cast<void*>(addr), len, region_usage, true);
+      auto part = detail::register_memory(peer, reinterpret_cast<void*>(addr), len, region_usage,
+                                          detail::Rights::for_windows);
       if (!part) return detail::fail(part.error());
       state->range_mr = target = part->release();
     }

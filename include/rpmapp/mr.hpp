@@ -65,9 +65,12 @@ enum class MrScope {
   /// registered: its own key carries the remote rights (librpma's model).
   peer,
   /// Only connections it is granted to (Grant::make), for the range and usages granted,
-  /// while the grant lives: its own key carries no remote right (the Peer needs
-  /// memory_windows()).
+  /// while the grant lives: its own key carries no remote right. Grants are windows where
+  /// the device has them, else registrations (Peer::grant_mode).
   grants,
+  /// As grants, always by registrations, even where the device has windows (to compare,
+  /// or where a device's windows misbehave).
+  grants_by_registration,
 };
 
 class Grant;
@@ -84,11 +87,11 @@ class MrLocal {
   /// registration the device refuses with EOPNOTSUPP is retried with on-demand paging when
   /// the device supports it (Peer::odp_capable), as librpma does.
   /// With MrScope::grants the registration has the local rights only, and
-  /// IBV_ACCESS_MW_BIND: its remote usages are reached only through grants.
+  /// IBV_ACCESS_MW_BIND when its grants are windows: its remote usages are reached only
+  /// through grants.
   /// Errors:
-  /// - inval: empty `peer`; `ptr` null; `size` 0; `usage` empty; MrScope::grants with
+  /// - inval: empty `peer`; `ptr` null; `size` 0; `usage` empty; a grants scope with
   ///   read_dst on iWARP (a READ destination must be remotely writable there).
-  /// - nosupp: MrScope::grants on a Peer without memory windows.
   /// - provider: ibv_reg_mr failed (errno in the Error; e.g. EFAULT for memory that is not
   ///   mapped, EPERM/ENOMEM beyond the locked-memory limit).
   /// - nomem: ibv_reg_mr failed with ENOMEM (often RLIMIT_MEMLOCK), or out of memory.
@@ -102,19 +105,22 @@ class MrLocal {
     if (to_underlying(usage) == 0)
       return detail::fail(detail::invalid(call, "the usage is empty (no MrUsage bit set)"));
     const detail::PeerState& state = *peer.state();
-    const bool for_grants = scope == MrScope::grants;
-    if (for_grants && !state.memory_windows)
-      return detail::fail(Error(errc::nosupp, 0, call,
-                                "MrScope::grants needs memory windows, which the device does not have"));
+    if (scope != MrScope::peer && scope != MrScope::grants && scope != MrScope::grants_by_registration)
+      return detail::fail(detail::invalid(call, "scope {} is no MrScope", static_cast<int>(scope)));
+    const bool for_grants = scope != MrScope::peer;
+    const bool by_windows = scope == MrScope::grants && state.memory_windows;
     if (for_grants && state.iwarp && has(usage, MrUsage::read_dst))
       return detail::fail(detail::invalid(
           call, "on iWARP a read_dst region must be remotely writable: register it with MrScope::peer"));
     return detail::no_throw(call, [&]() -> expected<MrLocal> {
       std::unique_ptr<detail::GrantRegistry> grants;
       if (for_grants) grants = std::make_unique<detail::GrantRegistry>();
-      auto mr = detail::register_memory(state, ptr, size, usage, for_grants);
+      auto mr = for_grants ? detail::register_memory(state, ptr, size, usage,
+                                                     by_windows ? detail::Rights::for_windows
+                                                                : detail::Rights::local_only)
+                           : detail::register_memory(state, ptr, size, usage);
       if (!mr) return detail::fail(mr.error());
-      return MrLocal(peer.state(), std::move(*mr), usage, std::move(grants));
+      return MrLocal(peer.state(), std::move(*mr), usage, scope, by_windows, std::move(grants));
     });
   }
   /// As above, for a span of bytes.
@@ -134,6 +140,8 @@ class MrLocal {
       peer_ = std::move(other.peer_);
       mr_ = std::move(other.mr_);
       usage_ = other.usage_;
+      scope_ = other.scope_;
+      by_windows_ = other.by_windows_;
       grants_ = std::move(other.grants_);
     }
     return *this;
@@ -145,7 +153,7 @@ class MrLocal {
   /// False when moved from or deregistered.
   explicit operator bool() const noexcept { return mr_ != nullptr; }
 
-  /// Revokes the region's grants (MrScope::grants), then deregisters it (the MrLocal is
+  /// Revokes the region's grants (the grants scopes), then deregisters it (the MrLocal is
   /// empty afterwards, whatever the result): once it returns, no peer reaches the memory.
   /// Errors: inval when empty; provider: ibv_dealloc_mw (a grant's window) or ibv_dereg_mr
   /// failed (the rest is still released; the first failure is returned).
@@ -205,7 +213,15 @@ class MrLocal {
   /// The scope it was registered with. Errors: inval when empty.
   expected<MrScope> scope() const noexcept {
     if (!mr_) return detail::fail(detail::moved_from("MrLocal::scope"));
-    return grants_ ? MrScope::grants : MrScope::peer;
+    return scope_;
+  }
+  /// How its grants are made (see GrantMode). Errors: inval when empty or registered with
+  /// MrScope::peer.
+  expected<GrantMode> grant_mode() const noexcept {
+    constexpr const char* call = "MrLocal::grant_mode";
+    if (!mr_) return detail::fail(detail::moved_from(call));
+    if (!grants_) return detail::fail(detail::invalid(call, "the region is registered with MrScope::peer: it has no grants"));
+    return by_windows_ ? GrantMode::windows : GrantMode::registrations;
   }
 
   /// Gives the device advice about [offset, offset + len) (ibv_advise_mr, e.g.
@@ -241,8 +257,9 @@ class MrLocal {
   friend struct detail::MrAccess;
   friend class Grant;
   MrLocal(std::shared_ptr<detail::PeerState> peer, detail::MemoryRegion mr, MrUsage usage,
-          std::unique_ptr<detail::GrantRegistry> grants) noexcept
-      : peer_(std::move(peer)), mr_(std::move(mr)), usage_(usage), grants_(std::move(grants)) {}
+          MrScope scope, bool by_windows, std::unique_ptr<detail::GrantRegistry> grants) noexcept
+      : peer_(std::move(peer)), mr_(std::move(mr)), usage_(usage), scope_(scope),
+        by_windows_(by_windows), grants_(std::move(grants)) {}
 
   /// Revokes the grants, then deregisters; the first failure is returned, later ones
   /// logged (FirstError).
@@ -259,7 +276,7 @@ class MrLocal {
   }
   static Error grants_only(const char* call) noexcept {
     return Error(errc::inval, 0, call,
-                 "the region is registered with MrScope::grants: hand out a Grant's descriptor");
+                 "the region is registered for grants (MrScope::grants): hand out a Grant's descriptor");
   }
   void dereg_logged(const char* where) noexcept {
     if (!mr_) return;
@@ -270,7 +287,9 @@ class MrLocal {
   std::shared_ptr<detail::PeerState> peer_;  // declared first: outlives the registration
   detail::MemoryRegion mr_;
   MrUsage usage_{};
-  std::unique_ptr<detail::GrantRegistry> grants_;  // MrScope::grants only
+  MrScope scope_ = MrScope::peer;
+  bool by_windows_ = false;                        // its grants are windows
+  std::unique_ptr<detail::GrantRegistry> grants_;  // the grants scopes only
 };
 
 /// A peer's memory region, described by the descriptor it sent (librpma's rpma_mr_remote).

@@ -136,16 +136,23 @@ struct PeerState {
   }
 };
 
-/// Registers `size` bytes at `addr` for `usage` on `peer` (`for_grants`: with
-/// access_for_grants' rights), retrying with on-demand paging
-/// when the device refuses the memory with EOPNOTSUPP and supports ODP (librpma's rule:
-/// FSDAX memory). Errors: provider / nomem (ibv_reg_mr, errno in the Error).
+/// The rights register_memory gives a registration for its usages.
+enum class Rights {
+  of_usage,     ///< access_for's (MrScope::peer)
+  for_windows,  ///< access_for_grants': local rights and MW_BIND (grants by windows)
+  local_only,   ///< the local rights only (grants by registrations of their ranges)
+};
+
+/// Registers `size` bytes at `addr` for `usage` on `peer` with `rights`, retrying with
+/// on-demand paging when the device refuses the memory with EOPNOTSUPP and supports ODP
+/// (librpma's rule: FSDAX memory). Errors: provider / nomem (ibv_reg_mr, errno in the Error).
 inline expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
                                               std::size_t size, MrUsage usage,
-                                              bool for_grants = false) noexcept {
+                                              Rights rights = Rights::of_usage) noexcept {
   const Provider& p = provider();
-  const int access = for_grants ? access_for_grants(usage, peer.iwarp)
-                                : access_for(usage, peer.iwarp, peer.native_flush);
+  const int access = rights == Rights::of_usage ? access_for(usage, peer.iwarp, peer.native_flush)
+                     : rights == Rights::for_windows ? access_for_grants(usage, peer.iwarp)
+                     : access_for_grants(usage, peer.iwarp) & ~IBV_ACCESS_MW_BIND;
   errno = 0;
   ibv_mr* mr = p.reg_mr(peer.pd.get(), addr, size, access);
   if (mr == nullptr && errno == EINVAL && (access & native_flush_abi::access_flush_persistent))
@@ -163,6 +170,17 @@ inline expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
 }
 
 }  // namespace detail
+
+/// How a Peer's grants (Grant::make) give a connection's peer access to memory.
+enum class GrantMode {
+  /// A type 2 memory window bound to the connection's queue pair: its key is good on that
+  /// connection only.
+  windows,
+  /// A registration of the granted range with the granted rights only (the device has no
+  /// type 2 windows: siw, some NICs): its key is the device's and is good on every
+  /// connection of the Peer while the grant lives.
+  registrations,
+};
 
 /// Which side of an address Peer::from_address looks for.
 enum class AddressKind {
@@ -354,10 +372,16 @@ class Peer {
     return state_->native_flush;
   }
   /// Whether the device has memory windows bound to one queue pair (type 2A or 2B; rxe's
-  /// 2B): Grant::make and MrScope::grants need them. Errors: inval when empty.
+  /// 2B), which grants use (grant_mode()). Errors: inval when empty.
   expected<bool> memory_windows() const noexcept {
     if (!state_) return detail::fail(detail::moved_from("Peer::memory_windows"));
     return state_->memory_windows;
+  }
+  /// How MrScope::grants regions are granted: windows where the device has them
+  /// (memory_windows()), registrations otherwise. Errors: inval when empty.
+  expected<GrantMode> grant_mode() const noexcept {
+    if (!state_) return detail::fail(detail::moved_from("Peer::grant_mode"));
+    return state_->memory_windows ? GrantMode::windows : GrantMode::registrations;
   }
   /// The device's name, e.g. "rxe0". Errors: inval when empty.
   expected<std::string> device_name() const noexcept {

@@ -33,13 +33,17 @@ constexpr MrUsage client_usage = MrUsage::read_dst | MrUsage::write_src | MrUsag
 constexpr std::size_t inbox = region_size - rpmapp::mr_descriptor_size;  // where descriptors land
 
 // One server: a Peer, an endpoint, a region registered for grants (its own key reaches
-// nothing) and a small buffer its messages go out from.
+// nothing; `scope` picks windows, rxe's, or registrations) and a small buffer its messages
+// go out from.
 struct Server {
+  explicit Server(MrScope scope = MrScope::grants) : scope(scope) {}
+  MrScope scope;
   std::string ip = ip1();
   Peer peer = local_peer(ip);
   Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
   Bytes mem = Bytes(region_size);
-  MrLocal mr = MUST(MrLocal::reg(peer, mem, granted, MrScope::grants));
+  MrLocal mr = MUST(MrLocal::reg(peer, mem, granted, scope));
+  bool windows() const { return *mr.grant_mode() == rpmapp::GrantMode::windows; }
   Bytes out = Bytes(rpmapp::mr_descriptor_size);
   MrLocal out_mr = MUST(MrLocal::reg(peer, out, MrUsage::send));
 };
@@ -58,11 +62,11 @@ struct Client {
     establish(conn, served);
   }
 
-  // The server grants `usage` of [offset, +len) of its region on this connection; the
-  // bind's completion comes on the server's CQ.
+  // The server grants `usage` of [offset, +len) of its region on this connection; a
+  // window's bind completes on the server's CQ (a registration posts nothing).
   Grant grant(Server& server, std::size_t offset, std::size_t len, MrUsage usage) {
     Grant g = MUST(Grant::make(served, server.mr, offset, len, usage));
-    expect_done(next_wc(cq_of(served), "server"), IBV_WC_BIND_MW, Grant::bind_wr_id);
+    if (server.windows()) expect_done(next_wc(cq_of(served), "server"), IBV_WC_BIND_MW, Grant::bind_wr_id);
     return g;
   }
 
@@ -104,12 +108,22 @@ Bytes with_bytes(Bytes mem, std::size_t at, std::span<const std::byte> from) {
   return mem;
 }
 
+// Both ways of granting on rxe: windows (what MrScope::grants picks there) and
+// registrations (forced).
+MrScope both_scopes() {
+  const MrScope scope = GENERATE(MrScope::grants, MrScope::grants_by_registration);
+  return scope;
+}
+
 }  // namespace
 
-TEST_CASE("a grant works on its own connection and fails from another one; the other "
-          "connection's failure leaves the granted one and the server's memory untouched",
+TEST_CASE("a grant works on its own connection and fails from another one (by windows; by "
+          "registrations only once revoked); the other connection's failure leaves the granted "
+          "one and the server's memory untouched",
           "[grant]") {
-  Server server;
+  Server server(both_scopes());
+  INFO("by windows: " << server.windows());
+  REQUIRE(server.windows() == (server.scope == MrScope::grants));
   Peer client_peer = local_peer(server.ip);
   Client a(server, client_peer);
   Client b(server, client_peer);
@@ -119,7 +133,8 @@ TEST_CASE("a grant works on its own connection and fails from another one; the o
   const MrRemote remote = a.receive(server, g);
   CHECK(remote.address() == reinterpret_cast<std::uintptr_t>(server.mem.data()));
   CHECK(remote.size() == region_size);
-  std::cout << "grant_test: window key 0x" << std::hex << remote.rkey() << std::dec << "\n";
+  std::cout << "grant_test: " << (server.windows() ? "window" : "registration") << " key 0x" << std::hex
+            << remote.rkey() << std::dec << "\n";
 
   // A reads and writes through it
   expect_done(a.read(remote, 100, 4096, 1), IBV_WC_RDMA_READ, 1);
@@ -128,17 +143,23 @@ TEST_CASE("a grant works on its own connection and fails from another one; the o
   expect_done(a.write(remote, 8192, 512, 2), IBV_WC_RDMA_WRITE, 2);
   CHECK(first_difference(server.mem, expected) == -1);
 
-  // B, on its own connection of the same server and Peer, with A's descriptor
+  // B, on its own connection of the same server and Peer, with A's descriptor: a
+  // registration's key is good on every connection of the Peer until revoked
   const Bytes server_before = server.mem;
+  if (!server.windows()) {
+    expect_done(b.read(remote, 0, 64, 6), IBV_WC_RDMA_READ, 6);
+    MUST(std::move(g).revoke());
+  }
   expect_access_error(b.read(remote, 0, 64, 3), 3);
   CHECK(qp_state(b.conn) == IBV_QPS_ERR);
   fill(b.mem, 4);
   CHECK(first_difference(server.mem, server_before) == -1);
-  // A is untouched by it
-  expect_done(a.read(remote, 0, 64, 5), IBV_WC_RDMA_READ, 5);
-  CHECK(qp_state(a.conn) == IBV_QPS_RTS);
-
-  MUST(std::move(g).revoke());
+  if (server.windows()) {
+    // A is untouched by it
+    expect_done(a.read(remote, 0, 64, 5), IBV_WC_RDMA_READ, 5);
+    CHECK(qp_state(a.conn) == IBV_QPS_RTS);
+    MUST(std::move(g).revoke());
+  }
   a.close();
   MUST(b.conn.disconnect());
   MUST(b.served.disconnect());
@@ -149,7 +170,8 @@ TEST_CASE("a grant works on its own connection and fails from another one; the o
 TEST_CASE("a grant gives its range and its rights only: one byte outside a part of the region, or "
           "a write through a read-only grant, is a remote access error",
           "[grant]") {
-  Server server;
+  Server server(both_scopes());
+  INFO("by windows: " << server.windows());
   Peer client_peer = local_peer(server.ip);
   fill(server.mem, 11);
   const Bytes server_before = server.mem;
@@ -189,7 +211,8 @@ TEST_CASE("a grant gives its range and its rights only: one byte outside a part 
 TEST_CASE("a revoked grant fails at the peer, the connection's other grant still works; a new "
           "connection with an ended connection's descriptor fails; the server's resources return",
           "[grant][revoke]") {
-  Server server;
+  Server server(both_scopes());
+  INFO("by windows: " << server.windows());
   reliability::open_librdmacm_devices();
   Peer client_peer = local_peer(server.ip);
   fill(server.mem, 21);

@@ -95,7 +95,8 @@ TEST_CASE("MrScope::grants: the region's own key carries no remote right; it has
   fake.expect_clean();
 }
 
-TEST_CASE("MrScope::grants needs memory windows; on iWARP a read_dst region cannot be one",
+TEST_CASE("without memory windows, grants are registrations; on iWARP a read_dst region cannot be "
+          "granted",
           "[grant]") {
   fake::FakeProvider fake;
   fake.set_caps(0, fake::DeviceCaps::without_windows());
@@ -105,21 +106,138 @@ TEST_CASE("MrScope::grants needs memory windows; on iWARP a read_dst region cann
   {
     Peer no_windows = open_peer(fake, 0);
     CHECK_FALSE(*no_windows.memory_windows());
+    CHECK(*no_windows.grant_mode() == GrantMode::registrations);
     Peer on_iwarp = open_peer(fake, 1);
+    CHECK(*on_iwarp.grant_mode() == GrantMode::windows);
     Buffer buf(64);
+    MrLocal mr = reg_for_grants(no_windows, buf);
+    CHECK(*mr.scope() == MrScope::grants);
+    CHECK(*mr.grant_mode() == GrantMode::registrations);
+    // the local rights only: no MW_BIND without windows
+    CHECK(fake.registrations().back().access == IBV_ACCESS_LOCAL_WRITE);
     const auto mark = fake.mark();
-    auto refused = MrLocal::reg(no_windows, buf.data(), buf.size, remote_rw, MrScope::grants);
-    REQUIRE_FALSE(refused);
-    CHECK(refused.error().code() == errc::nosupp);
-    CHECK_THAT(refused.error().message(), Catch::Contains("memory windows"));
     auto read_dst = MrLocal::reg(on_iwarp, buf.data(), buf.size, MrUsage::read_dst, MrScope::grants);
     REQUIRE_FALSE(read_dst);
     check_inval(read_dst.error(), "MrLocal::reg", "iWARP");
+    auto forced = MrLocal::reg(on_iwarp, buf.data(), buf.size, MrUsage::read_dst, MrScope::grants_by_registration);
+    REQUIRE_FALSE(forced);
+    check_inval(forced.error(), "MrLocal::reg", "iWARP");
+    auto no_scope = MrLocal::reg(on_iwarp, buf.data(), buf.size, MrUsage::read_src, static_cast<MrScope>(7));
+    REQUIRE_FALSE(no_scope);
+    check_inval(no_scope.error(), "MrLocal::reg", "no MrScope");
     CHECK(fake.calls_since(mark).empty());
-    // MrScope::peer is as before on both
-    CHECK(MrLocal::reg(no_windows, buf.data(), buf.size, remote_rw));
+    MrLocal shared = reg(no_windows, buf, remote_rw);
+    auto mode = shared.grant_mode();
+    REQUIRE_FALSE(mode);
+    check_inval(mode.error(), "MrLocal::grant_mode", "MrScope::peer");
   }
   fake.expect_clean();
+}
+
+TEST_CASE("a grant by registration: the range registered with the granted rights, nothing posted; "
+          "revoked by revoke(), its connection's release and its region's deregistration",
+          "[grant]") {
+  fake::FakeProvider fake;
+  const bool forced = GENERATE(false, true);
+  INFO("MrScope::grants_by_registration on a device with windows: " << forced);
+  if (!forced) fake.set_caps(0, fake::DeviceCaps::without_windows());
+  {
+    Peer peer = open_peer(fake);
+    Buffer buf(4096);
+    std::optional<Conn> conn(connected(fake, peer));
+    Conn other = connected(fake, peer);
+    auto registered = MrLocal::reg(peer, buf.data(), buf.size, remote_rw | MrUsage::recv,
+                                   forced ? MrScope::grants_by_registration : MrScope::grants);
+    REQUIRE(registered);
+    std::optional<MrLocal> mr(std::move(*registered));
+    CHECK(*mr->grant_mode() == GrantMode::registrations);
+    CHECK(*mr->scope() == (forced ? MrScope::grants_by_registration : MrScope::grants));
+    CHECK(fake.registrations().back().access == IBV_ACCESS_LOCAL_WRITE);
+    const auto mark = fake.mark();
+    Grant g = grant(*conn, *mr, 1000, 100, MrUsage::read_src);
+    CHECK(fake.calls_since(mark) == std::vector<std::string>{"ibv_reg_mr"});
+    const fake::Registration range = fake.registrations().back();
+    CHECK(range.addr == buf.data() + 1000);
+    CHECK(range.length == 100);
+    CHECK(range.access == IBV_ACCESS_REMOTE_READ);
+    const MrRemote r = remote_of(g);
+    CHECK(r.address() == address_of(buf, 1000));
+    CHECK(r.size() == 100);
+    CHECK(r.rkey() == range.mr->rkey);
+    CHECK(r.usage() == MrUsage::read_src);
+    CHECK(fake.complete_sends(*conn->qp()) == 0);  // no bind, no completion
+    CHECK(fake.windows().empty());
+    const auto n = qp_num(*conn);
+    CHECK(fake.remote_access(n, r.rkey(), r.address(), 100, IBV_ACCESS_REMOTE_READ));
+    CHECK_FALSE(fake.remote_access(n, r.rkey(), r.address(), 8, IBV_ACCESS_REMOTE_WRITE));
+    CHECK_FALSE(fake.remote_access(n, r.rkey(), r.address() + 100, 1, IBV_ACCESS_REMOTE_READ));
+    // a registration's key is good on every connection of the Peer (GrantMode::registrations)
+    CHECK(fake.remote_access(qp_num(other), r.rkey(), r.address(), 8, IBV_ACCESS_REMOTE_READ));
+    // a write grant: REMOTE_WRITE with the LOCAL_WRITE verbs require under it
+    Grant w = grant(*conn, *mr, 0, 64, MrUsage::write_dst);
+    CHECK(fake.registrations().back().access == (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE));
+    auto gone = [&] {
+      CHECK_FALSE(g);
+      CHECK_FALSE(fake.remote_access(n, r.rkey(), r.address(), 8, IBV_ACCESS_REMOTE_READ));
+      CHECK_FALSE(fake.remote_access(qp_num(other), r.rkey(), r.address(), 8, IBV_ACCESS_REMOTE_READ));
+    };
+    SECTION("revoke()") {
+      const auto revoking = fake.mark();
+      REQUIRE(std::move(g).revoke());
+      CHECK(fake.calls_since(revoking) == std::vector<std::string>{"ibv_dereg_mr"});
+      gone();
+      CHECK(w);
+    }
+    SECTION("the connection's release") {
+      conn.reset();
+      gone();
+      CHECK_FALSE(w);
+      CHECK(fake.alive("mr") == 2);  // the flush buffer and the region
+    }
+    SECTION("the region's deregistration") {
+      const auto deregistering = fake.mark();
+      REQUIRE(std::move(*mr).dereg());
+      CHECK(fake.calls_since(deregistering) ==
+            std::vector<std::string>{"ibv_dereg_mr", "ibv_dereg_mr", "ibv_dereg_mr"});
+      gone();
+      CHECK_FALSE(w);
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("a grant by registration: its ibv_reg_mr and ibv_dereg_mr fail in turn; nothing stays "
+          "registered",
+          "[grant][fail-each]") {
+  for (int err : {kErr, ENOMEM}) {
+    fail_each_call({"ibv_reg_mr"}, err, [](fake::FakeProvider& fake, Probe& probe) {
+      Peer peer = open_peer(fake);
+      Conn conn = connected(fake, peer);
+      Buffer buf(256);
+      auto mr = MrLocal::reg(peer, buf.data(), buf.size, remote_rw, MrScope::grants_by_registration);
+      REQUIRE(mr);
+      probe.begin();
+      auto g = Grant::make(conn, *mr, 0, 128, remote_rw);
+      probe.end();
+      if (!probe.check_outcome(g)) return;
+      CHECK(fake.alive("mr") == 2);  // the flush buffer and the region
+      CHECK(Grant::make(conn, *mr, 0, 64, MrUsage::read_src));
+    });
+  }
+  fail_each_call({"ibv_dereg_mr"}, kErr, [](fake::FakeProvider& fake, Probe& probe) {
+    Peer peer = open_peer(fake);
+    Conn conn = connected(fake, peer);
+    Buffer buf(256);
+    auto mr = MrLocal::reg(peer, buf.data(), buf.size, remote_rw, MrScope::grants_by_registration);
+    REQUIRE(mr);
+    Grant g = grant(conn, *mr, 8, 8);
+    probe.begin();
+    auto revoked = std::move(g).revoke();
+    probe.end();
+    CHECK_FALSE(g);
+    probe.check_outcome(revoked);
+    CHECK(fake.alive("mr") == 2);
+  });
 }
 
 TEST_CASE("Grant::make over a whole region: a type 2 window bound to the connection's queue pair, "
