@@ -219,11 +219,20 @@ inline int accept_with(rpma_ep* ep, const common_data& data, rpma_conn** conn) {
 
 /// Connects to ADDR:PORT without private data and waits until established; a request
 /// that is rejected or unreachable (the server may not be ready) is retried a few times.
-inline int connect_with_retry(rpma_peer* peer, const char* addr, const char* port, rpma_conn** conn) {
+/// With `recv_mr`, a receive of `recv_len` bytes at `recv_offset` is posted on each request
+/// before it connects (rpma_conn_req_recv), for the server's first message.
+inline int connect_with_retry(rpma_peer* peer, const char* addr, const char* port, rpma_conn** conn,
+                              rpma_mr_local* recv_mr = nullptr, size_t recv_offset = 0,
+                              size_t recv_len = 0) {
   for (int attempt = 1;; ++attempt) {
     rpma_conn_req* req = nullptr;
     if (int ret = rpma_conn_req_new(peer, addr, port, nullptr, &req); ret != 0)
       return fail("rpma_conn_req_new", ret);
+    if (recv_mr != nullptr)
+      if (int ret = rpma_conn_req_recv(req, recv_mr, recv_offset, recv_len, nullptr); ret != 0) {
+        (void)rpma_conn_req_delete(&req);
+        return fail("rpma_conn_req_recv", ret);
+      }
     if (int ret = rpma_conn_req_connect(&req, nullptr, conn); ret != 0)
       return fail("rpma_conn_req_connect", ret);
     rpma_conn_event event = RPMA_CONN_UNDEFINED;
@@ -277,17 +286,24 @@ inline int connect_to_region(Client& client, const char* addr, const char* port,
   return 0;
 }
 
-/// Waits (at most wait_ms) for the completion of the connection's one signaled operation
-/// and checks its status and opcode.
-inline int wait_completion(rpma_conn* conn, ibv_wc_opcode want) {
+/// Waits (at most wait_ms) for the next completion of the connection's CQ, into `wc`,
+/// whatever its status.
+inline int next_completion(rpma_conn* conn, ibv_wc* wc) {
   rpma_cq* cq = nullptr;
   if (int ret = rpma_conn_get_cq(conn, &cq); ret != 0) return fail("rpma_conn_get_cq", ret);
   int fd = -1;
   if (int ret = rpma_cq_get_fd(cq, &fd); ret != 0) return fail("rpma_cq_get_fd", ret);
   if (wait_readable(fd, "completion") != 0) return 1;
   if (int ret = rpma_cq_wait(cq); ret != 0) return fail("rpma_cq_wait", ret);
+  if (int ret = rpma_cq_get_wc(cq, 1, wc, nullptr); ret != 0) return fail("rpma_cq_get_wc", ret);
+  return 0;
+}
+
+/// Waits (at most wait_ms) for the completion of the connection's one signaled operation
+/// and checks its status and opcode.
+inline int wait_completion(rpma_conn* conn, ibv_wc_opcode want) {
   ibv_wc wc{};
-  if (int ret = rpma_cq_get_wc(cq, 1, &wc, nullptr); ret != 0) return fail("rpma_cq_get_wc", ret);
+  if (next_completion(conn, &wc) != 0) return 1;
   if (wc.status != IBV_WC_SUCCESS) {
     std::fprintf(stderr, "error: work completion failed: %s\n", ibv_wc_status_str(wc.status));
     return 1;
