@@ -33,14 +33,22 @@ struct CommonData {
   /// Errors: inval when `mr` is empty.
   static expected<CommonData> describe(const MrLocal& mr, std::uint16_t data_offset = 0,
                                        std::optional<PeerConfig> config = std::nullopt) noexcept {
+    auto region = mr.descriptor();
+    if (!region) return detail::named("CommonData::describe", expected<CommonData>(detail::fail(region.error())));
+    return describe(*region, data_offset, config);
+  }
+
+  /// As above, for a region's descriptor already made, e.g. a Grant's (Grant::descriptor(),
+  /// sent in a message once the connection is established). Cannot fail.
+  static CommonData describe(const MrDescriptor& region, std::uint16_t data_offset = 0,
+                             std::optional<PeerConfig> config = std::nullopt) noexcept {
     CommonData data;
     data.data_offset = data_offset;
-    auto size = mr.write_descriptor(std::span<std::byte>(data.descriptors));
-    if (!size) return detail::fail(size.error());
-    data.mr_desc_size = static_cast<std::uint8_t>(*size);
+    std::memcpy(data.descriptors.data(), region.data(), region.size());
+    data.mr_desc_size = static_cast<std::uint8_t>(region.size());
     if (config) {
       const auto pcfg = config->descriptor();
-      std::memcpy(data.descriptors.data() + *size, pcfg.data(), pcfg.size());
+      std::memcpy(data.descriptors.data() + region.size(), pcfg.data(), pcfg.size());
       data.pcfg_desc_size = static_cast<std::uint8_t>(pcfg.size());
     }
     return data;
@@ -94,6 +102,7 @@ struct CommonData {
   }
 };
 static_assert(sizeof(CommonData) == 28);
+static_assert(mr_descriptor_size + peer_config_descriptor_size <= sizeof(CommonData::descriptors));
 static_assert(offsetof(CommonData, mr_desc_size) == 2 && offsetof(CommonData, pcfg_desc_size) == 3 &&
               offsetof(CommonData, descriptors) == 4);
 

@@ -55,6 +55,16 @@ TEST_CASE("CommonData: a server's description reads back on the client, byte for
       REQUIRE(*config);
       CHECK((*config)->direct_write_to_pmem);
     }
+    SECTION("from a descriptor already made (a grant's), the same bytes") {
+      PeerConfig pcfg;
+      pcfg.direct_write_to_pmem = true;
+      const CommonData from_descriptor = CommonData::describe(*mr.descriptor(), 8, pcfg);
+      auto from_region = CommonData::describe(mr, 8, pcfg);
+      REQUIRE(from_region);
+      CHECK(std::memcmp(from_descriptor.bytes().data(), from_region->bytes().data(), sizeof(CommonData)) == 0);
+      CHECK(from_descriptor.mr_desc_size == 21);
+      CHECK(from_descriptor.pcfg_desc_size == 1);
+    }
   }
   fake.expect_clean();
 }
@@ -75,7 +85,9 @@ TEST_CASE("CommonData: what a peer sends is untrusted: short data, sizes past th
   check_inval(data.region().error(), "MrRemote::from_descriptor");  // usage 0, length 0
   data.mr_desc_size = 20;
   check_inval(data.region().error(), "MrRemote::from_descriptor", "not 21");
-  CHECK(CommonData::describe(MrLocal()).error() == errc::inval);
+  const Error empty = CommonData::describe(MrLocal()).error();
+  check_inval(empty, "MrLocal::descriptor");
+  CHECK(empty.operation() == "CommonData::describe");
 }
 
 }  // namespace common_data_test
