@@ -1,5 +1,6 @@
-// 06-write, client: reads the server's region descriptor from the private data, writes a
-// text into that region with one RDMA WRITE (Conn::write) and waits for its completion.
+// 06-write, client: reads the descriptor of the server's grant from its first message,
+// writes a text into that region with one RDMA WRITE (Conn::write) and waits for its
+// completion.
 #include "../common/common.hpp"
 #include "../common/librpma_data.hpp"
 
@@ -27,20 +28,19 @@ int main(int argc, char** argv) {
   auto mr = rpmapp::MrLocal::reg(*peer, memory, rpmapp::MrUsage::write_src);
   if (!mr) return example::fail(mr.error());
 
-  auto conn = example::connect_with_retry(*peer, addr, port, {});
-  if (!conn) return example::fail(conn.error());
-  auto server = example::server_region(*conn);
-  if (!server) return example::fail(server.error());
-  const auto& [data, region] = *server;
+  auto granted = example::connect_for_grant(*peer, addr, port);
+  if (!granted) return example::fail(granted.error());
+  rpmapp::Conn& conn = granted->conn;
+  const auto& [data, region] = granted->server;
   fmt::print("the server's region: {} bytes, data at offset {}\n", region.size(),
              data.data_offset);
 
   // Bounds and usage are checked here, before anything is posted.
-  if (auto ok = conn->write(region, data.data_offset, *mr, 0, len,
+  if (auto ok = conn.write(region, data.data_offset, *mr, 0, len,
                             rpmapp::Completion::always, write_id);
       !ok)
     return example::fail(ok.error());
-  auto cq = conn->cq();
+  auto cq = conn.cq();
   if (!cq) return example::fail(cq.error());
   auto wc = example::next_completion(*cq, IBV_WC_RDMA_WRITE);
   if (!wc) return example::fail(wc.error());
@@ -50,6 +50,6 @@ int main(int argc, char** argv) {
   }
   fmt::print("wrote \"{}\" ({} bytes with its NUL)\n", text, len);
 
-  if (auto ok = example::disconnect_and_close(*conn); !ok) return example::fail(ok.error());
+  if (auto ok = example::disconnect_and_close(conn); !ok) return example::fail(ok.error());
   return 0;
 }

@@ -1,6 +1,7 @@
-// 06-write, server: exposes a region the client may write (MrUsage::write_dst), sends its
-// descriptor in the private data (librpma's examples' common_data) and, once the client
-// has disconnected, prints what the client wrote there.
+// 06-write, server: grants its client writes of a region (rpmapp::Grant: good on this
+// connection only, revoked when it ends), sends the grant's descriptor in a message
+// (librpma's examples' common_data) and, once the client has disconnected, prints what the
+// client wrote there.
 #include "../common/common.hpp"
 #include "../common/librpma_data.hpp"
 
@@ -19,19 +20,22 @@ int main(int argc, char** argv) {
   auto peer = rpmapp::Peer::from_address(addr, rpmapp::AddressKind::local);
   if (!peer) return example::fail(peer.error());
 
-  // Zeroed, so that whatever the client writes reads back as a NUL-terminated text.
+  // Zeroed, so that whatever the client writes reads back as a NUL-terminated text. Its own
+  // key reaches nothing (MrScope::grants): only a grant opens it, to one connection.
   std::array<std::byte, 1024> memory{};
-  auto mr = rpmapp::MrLocal::reg(*peer, memory, rpmapp::MrUsage::write_dst);
+  auto mr = rpmapp::MrLocal::reg(*peer, memory, rpmapp::MrUsage::write_dst, rpmapp::MrScope::grants);
   if (!mr) return example::fail(mr.error());
-  auto data = rpmapp::CommonData::describe(*mr);
-  if (!data) return example::fail(data.error());
 
   auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
 
-  auto conn = example::accept_next(*endpoint, data->bytes());
+  auto conn = example::accept_next(*endpoint);
   if (!conn) return example::fail(conn.error());
-  fmt::print("connection established, region of {} bytes exposed for writing\n", memory.size());
+  // Writes of the whole region, for this connection only: ended by its release below.
+  auto grant = rpmapp::Grant::make(*conn, *mr, 0, memory.size(), rpmapp::MrUsage::write_dst);
+  if (!grant) return example::fail(grant.error());
+  if (auto ok = example::send_grant(*peer, *conn, *mr, *grant); !ok) return example::fail(ok.error());
+  fmt::print("connection established, region of {} bytes granted for writing\n", memory.size());
 
   // The server takes no part in the write: it learns that the client is done from the
   // disconnection (the client disconnects only after its write completed).

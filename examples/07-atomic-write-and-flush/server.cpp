@@ -1,6 +1,7 @@
-// 07-atomic-write-and-flush, server: exposes a region for writes and flushes, and tells
-// the client in the private data whether its memory takes writes directly to persistent
-// memory (PeerConfig). After the client has gone it prints the payload and the marker.
+// 07-atomic-write-and-flush, server: grants its client writes and flushes of a region
+// (rpmapp::Grant, this connection only), and tells it in the grant's message whether its
+// memory takes writes directly to persistent memory (PeerConfig). After the client has
+// gone it prints the payload and the marker.
 #include "../common/common.hpp"
 #include "../common/librpma_data.hpp"
 
@@ -30,17 +31,19 @@ int main(int argc, char** argv) {
   // for flush_persistent too (a device that flushes natively refuses that for DRAM).
   const rpmapp::PeerConfig config{.direct_write_to_pmem = false};
   alignas(8) std::array<std::byte, 4096> memory{};
-  auto mr = rpmapp::MrLocal::reg(*peer, memory,
-                                 rpmapp::MrUsage::write_dst | rpmapp::MrUsage::flush_visibility);
+  constexpr auto usage = rpmapp::MrUsage::write_dst | rpmapp::MrUsage::flush_visibility;
+  auto mr = rpmapp::MrLocal::reg(*peer, memory, usage, rpmapp::MrScope::grants);
   if (!mr) return example::fail(mr.error());
-  auto data = rpmapp::CommonData::describe(*mr, payload_offset, config);
-  if (!data) return example::fail(data.error());
 
   auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
 
-  auto conn = example::accept_next(*endpoint, data->bytes());
+  auto conn = example::accept_next(*endpoint);
   if (!conn) return example::fail(conn.error());
+  auto grant = rpmapp::Grant::make(*conn, *mr, 0, memory.size(), usage);
+  if (!grant) return example::fail(grant.error());
+  if (auto ok = example::send_grant(*peer, *conn, *mr, *grant, payload_offset, config); !ok)
+    return example::fail(ok.error());
   fmt::print("connection established, direct_write_to_pmem {}\n", config.direct_write_to_pmem);
 
   if (auto ok = example::wait_closed_by_client(*conn); !ok) return example::fail(ok.error());
