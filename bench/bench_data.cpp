@@ -13,9 +13,21 @@
 //   send/recv 64 B ping-pong       a server thread (same implementation) echoes each
 //                                  message; µs per round trip; busy-polled on both sides, and
 //                                  once more waiting for completion events on both sides
+// Benchmark 9, grants (scoped remote access), on the same connections:
+//   read/write 64 B through a grant  as the latency rows, through a memory window bound to
+//                                  the server's queue pair: rpmapp's Grant, a window bound
+//                                  by hand; librpma has no windows (its region's own key)
+//   grant + revoke, by window       rpmapp Grant::make + its bind completion + revoke;
+//                                  by hand ibv_alloc_mw + bind + completion + ibv_dealloc_mw;
+//                                  librpma rpma_mr_reg + rpma_mr_dereg (a registration per
+//                                  client is the nearest it has); µs per grant
+//   grant + revoke, by registration rpmapp (MrScope::grants_by_registration); by hand
+//                                  ibv_reg_mr + ibv_dereg_mr; librpma as above
+// every grant of the whole server buffer (1 MiB + 8 KiB), read_src | write_dst.
 // Bytes are checked after every repetition (what was read / written / received is the
-// peer's pattern). Usage: bench_data [reps] [lat_n] [tput_n] [pp_n] [pp_event_n]
-// (operations per repetition: latency, throughput, busy ping-pong, event ping-pong).
+// peer's pattern). Usage: bench_data [reps] [lat_n] [tput_n] [pp_n] [pp_event_n] [grant_n]
+// (operations per repetition: latency, throughput, busy ping-pong, event ping-pong,
+// grants).
 #include "anchors.hpp"
 
 #include <librpma.h>
@@ -84,6 +96,12 @@ struct RpmappImpl {
   rpmapp::MrLocal cmr, smr;
   rpmapp::MrRemote remote;  // the server's region, from its descriptor
   rpmapp::Cq ccq, scq;
+  // benchmark 9: the server's buffer again, for grants by window and by registration, and
+  // the grant the data rows go through
+  rpmapp::MrLocal by_window, by_registration;
+  rpmapp::Grant data_grant;
+  rpmapp::MrRemote granted;
+  const rpmapp::MrRemote* target = &remote;  // what post() reads and writes
 
   static rpmapp::ConnConfig config() {
     rpmapp::ConnConfig cfg;
@@ -109,7 +127,36 @@ struct RpmappImpl {
     if (must(client.next_event(), "Conn::next_event") != rpmapp::ConnEvent::established ||
         must(server.next_event(), "Conn::next_event") != rpmapp::ConnEvent::established)
       die("rpmapp", "not established");
+    constexpr auto both = rpmapp::MrUsage::read_src | rpmapp::MrUsage::write_dst;
+    by_window = must(rpmapp::MrLocal::reg(peer, smem.data(), buffer_size, both, rpmapp::MrScope::grants),
+                     "MrLocal::reg");
+    by_registration = must(rpmapp::MrLocal::reg(peer, smem.data(), buffer_size, both,
+                                                rpmapp::MrScope::grants_by_registration),
+                           "MrLocal::reg");
+    if (must(by_window.grant_mode(), "grant_mode") != rpmapp::GrantMode::windows)
+      die("rpmapp", "the device has no type 2 memory windows");
+    data_grant = grant(by_window);
+    granted = must(rpmapp::MrRemote::from_descriptor(must(data_grant.descriptor(), "Grant::descriptor")),
+                   "MrRemote::from_descriptor");
   }
+  /// A grant of all of `region` to the client, settled (its bind's completion read).
+  rpmapp::Grant grant(const rpmapp::MrLocal& region) {
+    auto g = must(rpmapp::Grant::make(server, region, 0, buffer_size,
+                                      rpmapp::MrUsage::read_src | rpmapp::MrUsage::write_dst),
+                  "Grant::make");
+    if (must(region.grant_mode(), "grant_mode") == rpmapp::GrantMode::windows) {
+      ibv_wc wc;
+      while (poll(scq, &wc, 1, Poll::busy) == 0) {}
+      if (wc.opcode != IBV_WC_BIND_MW) die("rpmapp", "not the bind's completion");
+    }
+    return g;
+  }
+  double grant_cycle_us(int n, bool windows) {
+    const double t0 = now_s();
+    for (int i = 0; i < n; ++i) must(grant(windows ? by_window : by_registration).revoke(), "Grant::revoke");
+    return (now_s() - t0) / n * 1e6;
+  }
+  void through_grant(bool on) { target = on ? &granted : &remote; }
   // The server side's closed event first: releasing it answers the disconnect (DREP),
   // which the client side's closed event waits for.
   ~RpmappImpl() {
@@ -130,9 +177,9 @@ struct RpmappImpl {
 
   void post(Op op, std::size_t off, std::size_t len, std::uint64_t ctx) {
     if (op == Op::read)
-      must(client.read(cmr, off, remote, off, len, rpmapp::Completion::always, ctx), "Conn::read");
+      must(client.read(cmr, off, *target, off, len, rpmapp::Completion::always, ctx), "Conn::read");
     else
-      must(client.write(remote, off, cmr, off, len, rpmapp::Completion::always, ctx), "Conn::write");
+      must(client.write(*target, off, cmr, off, len, rpmapp::Completion::always, ctx), "Conn::write");
   }
   static int poll(rpmapp::Cq& cq, ibv_wc* wc, int n, Poll how) {
     auto got = how == Poll::busy ? cq.get({wc, static_cast<std::size_t>(n)})
@@ -240,6 +287,19 @@ struct LibrpmaImpl {
       check(rpma_cq_wait(cq), "rpma_cq_wait");
     }
   }
+  /// librpma's nearest to a grant: a registration of the buffer, its descriptor, gone again.
+  double grant_cycle_us(rpma_peer* peer, int n) {
+    const double t0 = now_s();
+    for (int i = 0; i < n; ++i) {
+      rpma_mr_local* mr = nullptr;
+      check(rpma_mr_reg(peer, smem.data(), buffer_size, RPMA_MR_USAGE_READ_SRC | RPMA_MR_USAGE_WRITE_DST, &mr),
+            "rpma_mr_reg");
+      unsigned char desc[21];
+      check(rpma_mr_get_descriptor(mr, desc), "rpma_mr_get_descriptor");
+      check(rpma_mr_dereg(&mr), "rpma_mr_dereg");
+    }
+    return (now_s() - t0) / n * 1e6;
+  }
   int poll_client(ibv_wc* wc, int n, Poll how) { return poll(ccq, wc, n, how); }
   int poll_server(ibv_wc* wc, int n, Poll how) { return poll(scq, wc, n, how); }
   void client_send() { check(rpma_send(client, cmr, send_off, small, RPMA_F_COMPLETION_ALWAYS, nullptr), "rpma_send"); }
@@ -267,6 +327,10 @@ struct HandImpl {
   ibv_mr* smr = nullptr;
   std::uint64_t raddr = 0;  // what the server's descriptor would carry
   std::uint32_t rkey = 0;
+  // benchmark 9: the server's buffer for windows, and the window the data rows go through
+  ibv_mr* bind_mr = nullptr;
+  ibv_mw* data_mw = nullptr;
+  std::uint32_t window_rkey = 0;
 
   static rdma_cm_event* wait_event(rdma_event_channel* ch, rdma_cm_event_type want) {
     rdma_cm_event* e = nullptr;
@@ -326,7 +390,50 @@ struct HandImpl {
                     "ibv_reg_mr");
     raddr = reinterpret_cast<std::uintptr_t>(smem.data());
     rkey = smr->rkey;
+    bind_mr = check_ptr(ibv_reg_mr(pd, smem.data(), buffer_size, local_write | IBV_ACCESS_MW_BIND), "ibv_reg_mr");
+    data_mw = check_ptr(ibv_alloc_mw(pd, IBV_MW_TYPE_2), "ibv_alloc_mw");
+    window_rkey = bind(data_mw);
   }
+  /// Binds `mw` over the server's buffer on the server's queue pair (reads and writes),
+  /// waits for the bind's completion and returns the window's key.
+  std::uint32_t bind(ibv_mw* mw) {
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+    wr.bind_mw.bind_info.mr = bind_mr;
+    wr.bind_mw.bind_info.addr = raddr;
+    wr.bind_mw.bind_info.length = buffer_size;
+    wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(server.id->qp, &wr, &bad); rc != 0) die("ibv_post_send", std::strerror(rc));
+    ibv_wc wc;
+    while (poll(server, &wc, 1, Poll::busy) == 0) {}
+    if (wc.opcode != IBV_WC_BIND_MW) die("hand", "not the bind's completion");
+    mw->rkey = wr.bind_mw.rkey;
+    return mw->rkey;
+  }
+  double window_cycle_us(int n) {
+    const double t0 = now_s();
+    for (int i = 0; i < n; ++i) {
+      ibv_mw* mw = check_ptr(ibv_alloc_mw(pd, IBV_MW_TYPE_2), "ibv_alloc_mw");
+      bind(mw);
+      check(ibv_dealloc_mw(mw), "ibv_dealloc_mw");
+    }
+    return (now_s() - t0) / n * 1e6;
+  }
+  double registration_cycle_us(int n) {
+    const double t0 = now_s();
+    for (int i = 0; i < n; ++i) {
+      ibv_mr* mr = check_ptr(ibv_reg_mr(pd, smem.data(), buffer_size,
+                                        local_write | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE),
+                             "ibv_reg_mr");
+      check(ibv_dereg_mr(mr), "ibv_dereg_mr");
+    }
+    return (now_s() - t0) / n * 1e6;
+  }
+  void through_window(bool on) { rkey = on ? window_rkey : smr->rkey; }
   void release(Side& s) {
     rdma_destroy_qp(s.id);
     check(ibv_destroy_cq(s.cq), "ibv_destroy_cq");
@@ -340,6 +447,8 @@ struct HandImpl {
       else late("hand-written", "DISCONNECTED event");
       release(ch == lch ? server : client);
     }
+    check(ibv_dealloc_mw(data_mw), "ibv_dealloc_mw");
+    check(ibv_dereg_mr(bind_mr), "ibv_dereg_mr");
     check(ibv_dereg_mr(cmr), "ibv_dereg_mr");
     check(ibv_dereg_mr(smr), "ibv_dereg_mr");
     check(rdma_destroy_id(listener), "rdma_destroy_id");
@@ -493,8 +602,10 @@ int main(int argc, char** argv) {
   const int tput_n = argc > 3 ? std::atoi(argv[3]) : 400;
   const int pp_n = argc > 4 ? std::atoi(argv[4]) : 1000;
   const int ppe_n = argc > 5 ? std::atoi(argv[5]) : 200;
-  if (reps < 1 || lat_n < 1 || tput_n < depth || pp_n < 1 || ppe_n < 1)
-    die("usage", "bench_data [reps >= 1] [lat_n >= 1] [tput_n >= 16] [pp_n >= 1] [pp_event_n >= 1]");
+  const int grant_n = argc > 6 ? std::atoi(argv[6]) : 100;
+  if (reps < 1 || lat_n < 1 || tput_n < depth || pp_n < 1 || ppe_n < 1 || grant_n < 1)
+    die("usage", "bench_data [reps >= 1] [lat_n >= 1] [tput_n >= 16] [pp_n >= 1] [pp_event_n >= 1] "
+                 "[grant_n >= 1]");
   // A hang fails the run: every row (and the setup) must finish within the bound.
   auto step = [](const char* what) {
     std::fprintf(stderr, "bench_data: %s\n", what);
@@ -541,6 +652,26 @@ int main(int argc, char** argv) {
     interleave("data", "send/recv 64 B ping-pong, completion events", "µs/round trip", reps,
                {round_trip_us(r, ppe_n, Poll::event), round_trip_us(l, ppe_n, Poll::event),
                 round_trip_us(h, ppe_n, Poll::event)},
+               data_variants);
+    // 9: grants. The data rows through a window (librpma: its region's own key)
+    r.through_grant(true);
+    h.through_window(true);
+    for (Op op : {Op::read, Op::write}) {
+      const std::string name = op == Op::read ? "read" : "write";
+      step("through a grant");
+      interleave("grant", name + " 64 B through a grant, 1 in flight, busy-poll", "µs/op", reps,
+                 {per_op_us(r, op, lat_n), per_op_us(l, op, lat_n), per_op_us(h, op, lat_n)}, data_variants);
+    }
+    r.through_grant(false);
+    h.through_window(false);
+    step("grant + revoke");
+    interleave("grant", "grant + revoke of 1 MiB, by memory window", "µs/grant", reps,
+               {[&] { return r.grant_cycle_us(grant_n, true); }, [&] { return l.grant_cycle_us(rpeer, grant_n); },
+                [&] { return h.window_cycle_us(grant_n); }},
+               data_variants);
+    interleave("grant", "grant + revoke of 1 MiB, by registration", "µs/grant", reps,
+               {[&] { return r.grant_cycle_us(grant_n, false); }, [&] { return l.grant_cycle_us(rpeer, grant_n); },
+                [&] { return h.registration_cycle_us(grant_n); }},
                data_variants);
     step("teardown");
   }

@@ -29,8 +29,9 @@ BENCH_NAMES = {
     "compile": "5. compile cost",
     "data": "6. data path",
     "memory": "8. server memory per connection",
+    "grant": "9. grants",
 }
-ORDER = ["listen", "seq", "conc", "instr", "compile", "data", "memory"]
+ORDER = ["listen", "seq", "conc", "instr", "compile", "data", "memory", "grant"]
 HIGHER_BETTER = {"conn/s", "MB/s"}
 
 # The targets rpmapp is held to, as limits on the median of a row's paired ratio (in the
