@@ -105,13 +105,19 @@ inline bool parse_args(int argc, char** argv) {
 }
 
 /// Waits up to wait_ms for `fd` to be readable. Returns 0, or prints why not and returns 1.
-inline int wait_readable(int fd, const char* what) {
+/// With `timed_out`, a wait of `timeout_ms` that ends with nothing sets it and returns 1
+/// without printing.
+inline int wait_readable(int fd, const char* what, int timeout_ms = wait_ms, bool* timed_out = nullptr) {
   pollfd pfd{fd, POLLIN, 0};
   for (;;) {
-    const int n = poll(&pfd, 1, wait_ms);
+    const int n = poll(&pfd, 1, timeout_ms);
     if (n > 0) return 0;
     if (n == 0) {
-      std::fprintf(stderr, "error: no %s within %d ms\n", what, wait_ms);
+      if (timed_out != nullptr) {
+        *timed_out = true;
+        return 1;
+      }
+      std::fprintf(stderr, "error: no %s within %d ms\n", what, timeout_ms);
       return 1;
     }
     if (errno != EINTR) {
@@ -286,14 +292,14 @@ inline int connect_to_region(Client& client, const char* addr, const char* port,
   return 0;
 }
 
-/// Waits (at most wait_ms) for the next completion of the connection's CQ, into `wc`,
-/// whatever its status.
-inline int next_completion(rpma_conn* conn, ibv_wc* wc) {
+/// Waits (at most timeout_ms) for the next completion of the connection's CQ, into `wc`,
+/// whatever its status; `timed_out` as wait_readable's.
+inline int next_completion(rpma_conn* conn, ibv_wc* wc, int timeout_ms = wait_ms, bool* timed_out = nullptr) {
   rpma_cq* cq = nullptr;
   if (int ret = rpma_conn_get_cq(conn, &cq); ret != 0) return fail("rpma_conn_get_cq", ret);
   int fd = -1;
   if (int ret = rpma_cq_get_fd(cq, &fd); ret != 0) return fail("rpma_cq_get_fd", ret);
-  if (wait_readable(fd, "completion") != 0) return 1;
+  if (wait_readable(fd, "completion", timeout_ms, timed_out) != 0) return 1;
   if (int ret = rpma_cq_wait(cq); ret != 0) return fail("rpma_cq_wait", ret);
   if (int ret = rpma_cq_get_wc(cq, 1, wc, nullptr); ret != 0) return fail("rpma_cq_get_wc", ret);
   return 0;
