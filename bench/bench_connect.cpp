@@ -30,6 +30,11 @@
 //                                        seq_raw_pooled): what a pool of queues gives
 //                                        when a QP is reused as soon as its connection
 //                                        is closed, before the CM's time-wait ends
+//        bench_connect isolation [reps] [K]  K sequential rpmapp connections to a server
+//                                        that accepts each on a protection domain of its
+//                                        own (ConnConfig::own_protection_domain) against K
+//                                        to the same server on its Peer's domain (rows
+//                                        "isolation": rpmapp and rpmapp-shared)
 //        bench_connect timewait [N]      N sequential raw connections whose client waits,
 //                                        after DISCONNECTED, for TIMEWAIT_EXIT: prints M
 //                                        lines timewait_ms (median) and timewait_range_ms,
@@ -78,8 +83,8 @@ rpmapp::ConnConfig rpmapp_config = lean_config();
 
 // ---------------------------------------------------------------- sequential clients
 
-void seq_rpmapp(const rpmapp::Peer& peer) {
-  auto req = must(rpmapp::ConnReq::to(peer, ip, rpmapp_port, rpmapp_config), "ConnReq::to");
+void seq_rpmapp(const rpmapp::Peer& peer, const char* port = rpmapp_port) {
+  auto req = must(rpmapp::ConnReq::to(peer, ip, port, rpmapp_config), "ConnReq::to");
   auto conn = must(std::move(req).connect(), "ConnReq::connect");
   if (must(conn.next_event(), "Conn::next_event") != rpmapp::ConnEvent::established)
     die("rpmapp", "not established");
@@ -389,8 +394,8 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) inflights.push_back(std::atoi(argv[i]));
   if (inflights.empty()) inflights = {1, 4, 16, 64};
   if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one" &&
-      mode != "queues" && mode != "pool" && mode != "timewait")
-    die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K | queues|pool [reps] [K] | timewait [N]");
+      mode != "queues" && mode != "pool" && mode != "timewait" && mode != "isolation")
+    die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K | queues|pool|isolation [reps] [K] | timewait [N]");
   auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
   ip = anchor_ip;
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
@@ -472,6 +477,27 @@ int main(int argc, char** argv) {
     }
     for (auto& s : servers) s->stop();
     servers.clear();
+    finish();
+    return 0;
+  }
+
+  if (mode == "isolation") {  // argv: isolation [reps] [K]: a domain per connection or not
+    const char* isolated_port = "7479";
+    rpmapp::ConnConfig isolated_config = rpmapp_config;
+    isolated_config.own_protection_domain = true;
+    auto isolated = std::make_unique<RpmappServer>(peer, ip, isolated_port, isolated_config);
+    auto shared = std::make_unique<RpmappServer>(peer, ip, rpmapp_port, rpmapp_config);
+    isolated->start();
+    shared->start();
+    interleave_named("isolation", "K=" + std::to_string(total), "conn/s", reps,
+                     {{"rpmapp", rate(*isolated, total, [&](int n) {
+                         for (int i = 0; i < n; ++i) seq_rpmapp(peer, isolated_port);
+                       })},
+                      {"shared", rate(*shared, total, [&](int n) { for (int i = 0; i < n; ++i) seq_rpmapp(peer); })}});
+    isolated->stop();
+    shared->stop();
+    isolated.reset();
+    shared.reset();
     finish();
     return 0;
   }

@@ -30,8 +30,9 @@ BENCH_NAMES = {
     "data": "6. data path",
     "memory": "8. server memory per connection",
     "grant": "9. grants",
+    "isolation": "10. a protection domain per connection, sequential setup",
 }
-ORDER = ["listen", "seq", "conc", "instr", "compile", "data", "memory", "grant"]
+ORDER = ["listen", "seq", "conc", "instr", "compile", "data", "memory", "grant", "isolation"]
 HIGHER_BETTER = {"conn/s", "MB/s"}
 
 # The targets rpmapp is held to, as limits on the median of a row's paired ratio (in the
@@ -206,7 +207,7 @@ def rows(groups):
             continue
         higher_better = metric in HIGHER_BETTER
         words = ("larger", "smaller") if bench == "memory" else ("slower", "faster")
-        second = "hand" if "hand" in g else "deps" if "deps" in g else "raw"
+        second = next((v for v in ("hand", "deps", "shared") if v in g), "raw")
         cells = {}
         for v in ("rpmapp", "librpma", second):
             if v in g:
@@ -225,13 +226,14 @@ def rows(groups):
             return f"{med:.2f}" if lo == hi else f"{med:.2f} [{lo:.2f}–{hi:.2f}]"
 
         what = BENCH_NAMES.get(bench, bench) + ("" if param == "-" else f", {param}")
-        second_label = {"hand": "hand-written", "deps": "rpmapp's dependencies alone"}.get(second, "raw")
+        second_label = {"hand": "hand-written", "deps": "rpmapp's dependencies alone",
+                        "shared": "rpmapp on its Peer's domain"}.get(second, "raw")
         out.append({
             "bench": bench, "param": param, "metric_name": metric, "higher_better": higher_better,
             "ratios": (r1, r2),
             "what": what, "metric": metric + (" ↑" if higher_better else " ↓"),
             "rpmapp": cells["rpmapp"], "librpma": cells["librpma"],
-            "raw": cells[second] + {"hand": " (hand)", "deps": " (deps)"}.get(second, ""),
+            "raw": cells[second] + {"hand": " (hand)", "deps": " (deps)", "shared": " (shared domain)"}.get(second, ""),
             "r_librpma": show(r1), "r_raw": show(r2),
             "v_librpma": verdict(r1, higher_better, words), "v_raw": verdict(r2, higher_better, words),
             "second": second_label,

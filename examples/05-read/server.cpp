@@ -1,6 +1,8 @@
-// 05-read, server: registers a region holding a text as a read source, sends its
-// descriptor in the accept's private data (librpma's common_data, so that librpma's read
-// client can use it too) and waits while the client reads it and disconnects.
+// 05-read, server: takes the client's request on a protection domain of its own
+// (ConnConfig::own_protection_domain), registers a region holding a text there as a read
+// source, sends its descriptor in the accept's private data (librpma's common_data, so
+// that librpma's read client can use it too) and waits while the client reads it and
+// disconnects. The region's key reaches nothing through any other connection.
 #include "../common/common.hpp"
 #include "../common/librpma_data.hpp"
 
@@ -20,19 +22,29 @@ int main(int argc, char** argv) {
   auto peer = rpmapp::Peer::from_address(addr, rpmapp::AddressKind::local);
   if (!peer) return example::fail(peer.error());
 
+  auto endpoint = example::listen_and_print(*peer, addr, port);
+  if (!endpoint) return example::fail(endpoint.error());
+
+  // The request's own domain: its region is registered there, before accepting, so the
+  // descriptor can go in the accept's private data as librpma's clients expect.
+  rpmapp::ConnConfig isolated;
+  isolated.own_protection_domain = true;
+  auto req = endpoint->next_conn_req_for(example::wait_bound, isolated);
+  if (!req) return example::fail(req.error());
+  auto domain = req->peer();
+  if (!domain) return example::fail(domain.error());
+
   // The region is exactly the text and its NUL: the client reads the whole region.
   std::array<char, text.size() + 1> memory{};
   text.copy(memory.data(), text.size());
-  auto mr = rpmapp::MrLocal::reg(*peer, memory.data(), memory.size(), rpmapp::MrUsage::read_src);
+  auto mr = rpmapp::MrLocal::reg(*domain, memory.data(), memory.size(), rpmapp::MrUsage::read_src);
   if (!mr) return example::fail(mr.error());
   auto data = rpmapp::CommonData::describe(*mr);
   if (!data) return example::fail(data.error());
 
-  auto endpoint = example::listen_and_print(*peer, addr, port);
-  if (!endpoint) return example::fail(endpoint.error());
-
-  auto conn = example::accept_next(*endpoint, data->bytes());
+  auto conn = std::move(*req).connect(data->bytes());
   if (!conn) return example::fail(conn.error());
+  if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::established); !ok) return example::fail(ok.error());
   fmt::print("connection established: the client may read {} bytes\n", memory.size());
 
   // The client reads and then disconnects; the region must stay registered until then.

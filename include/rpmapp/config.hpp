@@ -90,6 +90,18 @@ struct ConnConfig {
   /// Cq views and raw ibv_cq pointers of a released connection must not be used (as
   /// always): the queue may be a later connection's.
   bool reuse_completion_queues = false;
+  /// Give the connection a protection domain of its own, on the same device, instead of
+  /// its Peer's (the Endpoint's, or ConnReq::to's): isolation by protection domain. Its
+  /// queue pair is created there, so a key of memory registered on any other domain (the
+  /// server's Peer, another connection's) reaches nothing through this connection, and
+  /// this connection's memory nothing through another's: the device refuses the access
+  /// (a remote access error at the peer). Register the connection's memory on Conn::peer()
+  /// (ConnReq::peer() before accepting); a region of another Peer is inval in its calls.
+  /// Costs an ibv_alloc_pd and one page's ibv_reg_mr (the emulated flush's) per connection,
+  /// both released with the connection's last user. A shared receive queue (srq) is on one
+  /// domain: both together are inval; the spare CQs and event channels (reuse_*) are the
+  /// connection's own domain's, so they are not reused across connections.
+  bool own_protection_domain = false;
 };
 
 /// Options of a listening endpoint.

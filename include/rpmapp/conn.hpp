@@ -382,6 +382,14 @@ class Conn {
     if (!core_) return detail::fail(detail::moved_from("Conn::device"));
     return std::string_view(core_->device);
   }
+  /// The Peer whose protection domain the connection's queue pair is on: the one it was
+  /// made from, or its own with ConnConfig::own_protection_domain (register this
+  /// connection's memory there). The handle shares the domain, which lives while any user
+  /// does. Errors: inval when empty.
+  expected<Peer> peer() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("Conn::peer"));
+    return Peer::of(core_->peer);
+  }
 
   /// Starts disconnecting. The peer sees ConnEvent::closed; this side sees closed once the
   /// peer has also called disconnect() (or destroyed its connection), or after the CM's

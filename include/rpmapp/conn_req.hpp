@@ -186,6 +186,13 @@ class ConnReq {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::device"));
     return std::string_view(core_->device);
   }
+  /// The Peer the connection will be on (as Conn::peer): with
+  /// ConnConfig::own_protection_domain its own, for the memory of receives posted before
+  /// accepting. Errors: inval when empty.
+  expected<Peer> peer() const noexcept {
+    if (!core_) return detail::fail(detail::moved_from("ConnReq::peer"));
+    return Peer::of(core_->peer);
+  }
   /// The queue pair number. Errors: inval when empty.
   expected<std::uint32_t> qp_num() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("ConnReq::qp_num"));
@@ -372,6 +379,11 @@ inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& 
     auto core = std::make_unique<detail::ConnectionCore>();
     core->teardown = {call, LogLevel::notice};  // until a PendingConnReq owns it
     core->peer = peer.state();
+    if (config.own_protection_domain) {
+      auto own = detail::own_domain(call, *core->peer);
+      if (!own) return detail::fail(own.error());
+      core->peer = std::move(*own);
+    }
     core->config = config;
     core->config.srq = nullptr;  // the queue is held by core->srq from here on
     if (auto ok = detail::attach_srq(call, *core, config, detail::srq_of(config)); !ok) return detail::fail(ok.error());

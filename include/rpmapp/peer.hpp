@@ -169,6 +169,51 @@ inline expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
   return MemoryRegion(mr);
 }
 
+/// Allocates `state`'s protection domain on `context` and registers the page its emulated
+/// flushes read into (Peer::open; a connection's own domain, own_domain). Errors:
+/// provider / nomem: ibv_alloc_pd or ibv_reg_mr failed, or no page. What it made is
+/// released with `state`.
+inline expected<void> open_domain(const char* call, PeerState& state, ibv_context* context) noexcept {
+  errno = 0;
+  state.pd.reset(provider().alloc_pd(context));
+  if (!state.pd) {
+    const int e = errno;
+    if (e == 0) return fail(Error(errc::unknown, 0, "ibv_alloc_pd", "no errno set"));
+    return fail(provider_error("ibv_alloc_pd", e));
+  }
+  state.context = context;
+  const long page = sysconf(_SC_PAGESIZE);
+  const std::size_t page_size = page > 0 ? static_cast<std::size_t>(page) : 4096;
+  state.flush_buffer.reset(static_cast<std::byte*>(std::aligned_alloc(page_size, page_size)));
+  if (!state.flush_buffer) return fail(Error(errc::nomem, ENOMEM, call, "no page for the flush buffer"));
+  auto flush_mr = register_memory(state, state.flush_buffer.get(), PeerState::flush_read_size, MrUsage::read_dst);
+  if (!flush_mr) return fail(flush_mr.error());
+  state.flush_mr = std::move(*flush_mr);
+  return {};
+}
+
+/// A protection domain of its own for one connection (ConnConfig::own_protection_domain),
+/// on the device of `like` (the Peer the connection would otherwise use), whose
+/// capabilities it shares: no probe, only open_domain's calls. Errors: as open_domain;
+/// nomem when out of memory.
+inline expected<std::shared_ptr<PeerState>> own_domain(const char* call, const PeerState& like) noexcept {
+  std::shared_ptr<PeerState> state;
+  try {
+    state = std::make_shared<PeerState>();
+  } catch (const std::bad_alloc&) {
+    return fail(Error(errc::nomem, ENOMEM, call, "memory allocation failed"));
+  }
+  state->teardown = {call, LogLevel::notice};  // until the connection is made
+  state->iwarp = like.iwarp;
+  state->odp = like.odp;
+  state->native_atomic_write = like.native_atomic_write;
+  state->native_flush = like.native_flush;
+  state->memory_windows = like.memory_windows;
+  if (auto opened = open_domain(call, *state, like.context); !opened) return fail(opened.error());
+  state->teardown = {"Peer (last reference)", LogLevel::warning};
+  return state;
+}
+
 }  // namespace detail
 
 /// How a Peer's grants (Grant::make) give a connection's peer access to memory.
@@ -243,24 +288,7 @@ class Peer {
                                (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
       state->iwarp = context->device != nullptr &&
                      context->device->transport_type == IBV_TRANSPORT_IWARP;
-      errno = 0;
-      state->pd.reset(p.alloc_pd(context));
-      if (!state->pd) {
-        int e = errno;
-        if (e == 0) return detail::fail(Error(errc::unknown, 0, "ibv_alloc_pd", "no errno set"));
-        return detail::fail(detail::provider_error("ibv_alloc_pd", e));
-      }
-      state->context = context;
-      const long page = sysconf(_SC_PAGESIZE);
-      const std::size_t page_size = page > 0 ? static_cast<std::size_t>(page) : 4096;
-      state->flush_buffer.reset(static_cast<std::byte*>(std::aligned_alloc(page_size, page_size)));
-      if (!state->flush_buffer)
-        return detail::fail(Error(errc::nomem, ENOMEM, call, "no page for the flush buffer"));
-      auto flush_mr = detail::register_memory(*state, state->flush_buffer.get(),
-                                              detail::PeerState::flush_read_size,
-                                              MrUsage::read_dst);
-      if (!flush_mr) return detail::fail(flush_mr.error());
-      state->flush_mr = std::move(*flush_mr);
+      if (auto opened = detail::open_domain(call, *state, context); !opened) return detail::fail(opened.error());
       state->teardown = {"Peer (last reference)", LogLevel::warning};
       return Peer(std::move(state));
     });
@@ -406,6 +434,8 @@ class Peer {
 
   /// Internal: the shared state, for the types made from a Peer.
   const std::shared_ptr<detail::PeerState>& state() const noexcept { return state_; }
+  /// Internal: a handle to `state` (Conn::peer, ConnReq::peer).
+  static Peer of(std::shared_ptr<detail::PeerState> state) noexcept { return Peer(std::move(state)); }
 
  private:
   explicit Peer(std::shared_ptr<detail::PeerState> state) noexcept : state_(std::move(state)) {}

@@ -309,3 +309,60 @@ TEST_CASE("keys: 1,000 grants' window keys against 1,000 registrations' own keys
   CHECK(grant_stats.low_steps < 50);
   a.close();
 }
+
+TEST_CASE("own_protection_domain: a region of one connection's own domain is reached, with its "
+          "own key, through that connection only; the server Peer's region through no isolated "
+          "connection; the domains go with their users",
+          "[grant][isolation]") {
+  const std::string ip = ip1();
+  reliability::open_librdmacm_devices();
+  Peer server_peer = local_peer(ip);
+  Peer client_peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(server_peer, ip, "0"));
+  rpmapp::ConnConfig isolated;
+  isolated.own_protection_domain = true;
+  Bytes shared_mem(4096), client_mem(4096);
+  fill(shared_mem, 7);
+  MrLocal shared_mr = MUST(MrLocal::reg(server_peer, shared_mem, MrUsage::read_src));
+  MrLocal client_mr = MUST(MrLocal::reg(client_peer, client_mem, MrUsage::read_dst));
+  const MrRemote shared_region = MUST(MrRemote::from_descriptor(MUST(shared_mr.descriptor())));
+  const reliability::Ledger baseline = reliability::ledger_of();
+  {
+    Conn a = start_client(client_peer, ip, port_text(ep));
+    Conn a_served = MUST(take_request(ep, isolated).connect());
+    establish(a, a_served);
+    Conn b = start_client(client_peer, ip, port_text(ep));
+    Conn b_served = MUST(take_request(ep, isolated).connect());
+    establish(b, b_served);
+    Peer a_domain = MUST(a_served.peer());
+    CHECK(MUST(a_domain.pd()) != MUST(server_peer.pd()));
+    CHECK(MUST(MUST(b_served.peer()).pd()) != MUST(a_domain.pd()));
+    // a region on a's domain with its own key (MrScope::peer): what librpma would hand out
+    Bytes a_mem(4096);
+    fill(a_mem, 5);
+    MrLocal a_mr = MUST(MrLocal::reg(a_domain, a_mem, MrUsage::read_src));
+    const MrRemote a_region = MUST(MrRemote::from_descriptor(MUST(a_mr.descriptor())));
+
+    MUST(a.read(client_mr, 0, a_region, 0, 64, rpmapp::Completion::always, 1));
+    expect_done(next_wc(cq_of(a), "a"), IBV_WC_RDMA_READ, 1);
+    CHECK(std::equal(client_mem.begin(), client_mem.begin() + 64, a_mem.begin()));
+    // b knows a's key, and its connection is on another domain: refused by the device
+    MUST(b.read(client_mr, 0, a_region, 0, 64, rpmapp::Completion::always, 2));
+    expect_access_error(next_wc(cq_of(b), "b"), 2);
+    // the server Peer's own region, through an isolated connection: refused too
+    MUST(a.read(client_mr, 0, shared_region, 0, 64, rpmapp::Completion::always, 3));
+    expect_access_error(next_wc(cq_of(a), "a"), 3);
+
+    for (auto pair : {std::pair{&a, &a_served}, std::pair{&b, &b_served}}) {
+      MUST(pair.first->disconnect());
+      MUST(pair.second->disconnect());
+      MUST(std::move(*pair.first).close());
+      MUST(std::move(*pair.second).close());
+    }
+    MUST(std::move(a_mr).dereg());
+  }
+  // the connections' own domains (and their flush pages) are gone with their last users
+  const auto after = reliability::wait_for_ledger(baseline, std::chrono::seconds(10));
+  INFO("ledger: " << reliability::ledger_diff(baseline, after));
+  CHECK(after == baseline);
+}

@@ -7,14 +7,7 @@ using namespace test;
 using namespace std::chrono_literals;
 
 namespace {
-const std::vector<std::string> to_calls = {
-    "rdma_create_event_channel", "fcntl",
-    "rdma_create_id",
-    "rdma_resolve_addr",  "poll",
-    "rdma_get_cm_event",  "rdma_resolve_route",        "rdma_ack_cm_event",
-    "poll",               "rdma_get_cm_event",         "ibv_create_comp_channel",
-    "ibv_create_cq",      "ibv_req_notify_cq",         "rdma_create_qp",
-    "rdma_ack_cm_event"};
+const std::vector<std::string>& to_calls = conn_req_to_calls;
 
 enum class How { to, try_wait, wait_for, wait };
 

@@ -14,11 +14,7 @@ namespace {
 // fcntl once: each event channel is made O_NONBLOCK (F_SETFL).
 const std::vector<std::string> listen_calls = {"rdma_create_event_channel", "fcntl",
                                                "rdma_create_id", "rdma_bind_addr", "rdma_listen"};
-const std::vector<std::string> request_calls = {
-    "poll",           "rdma_get_cm_event",         "ibv_create_comp_channel",
-    "ibv_create_cq",  "ibv_req_notify_cq",         "rdma_create_qp",
-    "rdma_ack_cm_event", "rdma_create_event_channel", "fcntl",
-    "rdma_migrate_id"};
+const std::vector<std::string>& request_calls = next_conn_req_calls;
 
 enum class Variant { blocking, non_blocking, timeout };
 

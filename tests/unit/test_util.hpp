@@ -89,6 +89,23 @@ inline Conn connect_out(const Peer& peer, std::string_view private_data = {}) {
   return std::move(*conn);
 }
 
+/// ConnReq::to's provider calls, in order, with the default ConnConfig (the blocking form).
+inline const std::vector<std::string> conn_req_to_calls = {
+    "rdma_create_event_channel", "fcntl",
+    "rdma_create_id",
+    "rdma_resolve_addr",  "poll",
+    "rdma_get_cm_event",  "rdma_resolve_route",        "rdma_ack_cm_event",
+    "poll",               "rdma_get_cm_event",         "ibv_create_comp_channel",
+    "ibv_create_cq",      "ibv_req_notify_cq",         "rdma_create_qp",
+    "rdma_ack_cm_event"};
+
+/// Endpoint::next_conn_req's provider calls, in order, with the default ConnConfig.
+inline const std::vector<std::string> next_conn_req_calls = {
+    "poll",           "rdma_get_cm_event",         "ibv_create_comp_channel",
+    "ibv_create_cq",  "ibv_req_notify_cq",         "rdma_create_qp",
+    "rdma_ack_cm_event", "rdma_create_event_channel", "fcntl",
+    "rdma_migrate_id"};
+
 /// The provider calls that release a connection's resources, in order: its queue pair, its
 /// CQ (and its own receive CQ), their completion channels, its cm_id and event channel.
 inline std::vector<std::string> teardown_calls(bool own_rcq) {

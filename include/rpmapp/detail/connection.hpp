@@ -171,6 +171,9 @@ inline expected<void> check_config(const char* call, const ConnConfig& cfg) noex
   if (cfg.shared_completion_channel && !cfg.completion_channel)
     return fail(invalid(call, "shared_completion_channel needs a completion channel "
                               "(completion_channel is false)"));
+  if (cfg.own_protection_domain && cfg.srq != nullptr)
+    return fail(invalid(call, "a shared receive queue is on its Peer's protection domain: a "
+                              "connection with its own (own_protection_domain) cannot use one"));
   if (cfg.reuse_completion_queues && cfg.completion_channel)
     return fail(invalid(call, "reuse_completion_queues needs CQs without a completion channel "
                               "(set completion_channel to false)"));

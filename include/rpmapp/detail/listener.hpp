@@ -353,6 +353,11 @@ inline expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call
     return fail(invalid(call, "a request arrived on device {}, for which the endpoint has no peer",
                         device));
   core->device = device;
+  if (config.own_protection_domain) {
+    auto own = own_domain(call, *core->peer);
+    if (!own) return fail(own.error());
+    core->peer = std::move(*own);
+  }
   if (auto ok = attach_srq(call, *core, config, srq); !ok) return fail(ok.error());
   if (auto made = create_queues(*core, config); !made) return fail(made.error());
   core->config.srq = nullptr;  // the queue is held by core->srq from here on
