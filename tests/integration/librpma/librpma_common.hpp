@@ -105,19 +105,13 @@ inline bool parse_args(int argc, char** argv) {
 }
 
 /// Waits up to wait_ms for `fd` to be readable. Returns 0, or prints why not and returns 1.
-/// With `timed_out`, a wait of `timeout_ms` that ends with nothing sets it and returns 1
-/// without printing.
-inline int wait_readable(int fd, const char* what, int timeout_ms = wait_ms, bool* timed_out = nullptr) {
+inline int wait_readable(int fd, const char* what) {
   pollfd pfd{fd, POLLIN, 0};
   for (;;) {
-    const int n = poll(&pfd, 1, timeout_ms);
+    const int n = poll(&pfd, 1, wait_ms);
     if (n > 0) return 0;
     if (n == 0) {
-      if (timed_out != nullptr) {
-        *timed_out = true;
-        return 1;
-      }
-      std::fprintf(stderr, "error: no %s within %d ms\n", what, timeout_ms);
+      std::fprintf(stderr, "error: no %s within %d ms\n", what, wait_ms);
       return 1;
     }
     if (errno != EINTR) {
@@ -292,17 +286,22 @@ inline int connect_to_region(Client& client, const char* addr, const char* port,
   return 0;
 }
 
-/// Waits (at most timeout_ms) for the next completion of the connection's CQ, into `wc`,
-/// whatever its status; `timed_out` as wait_readable's.
-inline int next_completion(rpma_conn* conn, ibv_wc* wc, int timeout_ms = wait_ms, bool* timed_out = nullptr) {
+/// Takes the next completion of the connection's CQ, into `wc`, whatever its status: one
+/// already there, else waits (at most wait_ms for each event). The queue is polled before
+/// each wait: one event may stand for several completions (a send's and a receive's that
+/// came together), and waiting for another before taking the second would never end.
+inline int next_completion(rpma_conn* conn, ibv_wc* wc) {
   rpma_cq* cq = nullptr;
   if (int ret = rpma_conn_get_cq(conn, &cq); ret != 0) return fail("rpma_conn_get_cq", ret);
   int fd = -1;
   if (int ret = rpma_cq_get_fd(cq, &fd); ret != 0) return fail("rpma_cq_get_fd", ret);
-  if (wait_readable(fd, "completion", timeout_ms, timed_out) != 0) return 1;
-  if (int ret = rpma_cq_wait(cq); ret != 0) return fail("rpma_cq_wait", ret);
-  if (int ret = rpma_cq_get_wc(cq, 1, wc, nullptr); ret != 0) return fail("rpma_cq_get_wc", ret);
-  return 0;
+  for (;;) {
+    const int ret = rpma_cq_get_wc(cq, 1, wc, nullptr);
+    if (ret == 0) return 0;
+    if (ret != RPMA_E_NO_COMPLETION) return fail("rpma_cq_get_wc", ret);
+    if (wait_readable(fd, "completion") != 0) return 1;
+    if (int waited = rpma_cq_wait(cq); waited != 0) return fail("rpma_cq_wait", waited);  // acks, re-arms
+  }
 }
 
 /// Waits (at most wait_ms) for the completion of the connection's one signaled operation
