@@ -17,10 +17,25 @@
 #  endif
 #endif
 
-#if defined(RPMAPP_USE_STD_EXPECTED)
-#  define RPMAPP_ABI_NAMESPACE v0_std
+// Compiled mode (RPMAPP_SEPARATE_COMPILATION): the definitions under rpmapp/impl/ are
+// compiled once, into librpmapp or by one source of the program that includes
+// <rpmapp/impl/src.hpp>, instead of inline in every includer. The mode is part of the ABI
+// namespace too: a header-only translation unit and a compiled-mode one that pass rpmapp
+// types to each other fail to link.
+#if defined(RPMAPP_SEPARATE_COMPILATION)
+#  define RPMAPP_DECL
+#  if defined(RPMAPP_USE_STD_EXPECTED)
+#    define RPMAPP_ABI_NAMESPACE v0_std_lib
+#  else
+#    define RPMAPP_ABI_NAMESPACE v0_tl_lib
+#  endif
 #else
-#  define RPMAPP_ABI_NAMESPACE v0_tl
+#  define RPMAPP_DECL inline
+#  if defined(RPMAPP_USE_STD_EXPECTED)
+#    define RPMAPP_ABI_NAMESPACE v0_std
+#  else
+#    define RPMAPP_ABI_NAMESPACE v0_tl
+#  endif
 #endif
 
 #define RPMAPP_BEGIN_NAMESPACE namespace rpmapp { inline namespace RPMAPP_ABI_NAMESPACE {

@@ -1,0 +1,16 @@
+// rpmapp's compiled mode: the definitions of every header, to be compiled once.
+//
+// A program that includes rpmapp in many files defines RPMAPP_SEPARATE_COMPILATION for all
+// of them (the compiler's -D, not a #define in one file) and includes this header in
+// exactly one of its sources; or it links librpmapp (meson -Dlibrary=static|shared|both,
+// pkg-config rpmapp-lib), which is that source compiled. Without the macro every header is
+// self-contained (header-only mode, the default) and this header must not be included.
+#pragma once
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  error "rpmapp/impl/src.hpp is for compiled mode: define RPMAPP_SEPARATE_COMPILATION in every translation unit"
+#endif
+
+#include <rpmapp/rpmapp.hpp>
+
+// one line per header with definitions under impl/ (sorted)
