@@ -18,8 +18,13 @@ int report(const rpmapp::Error& e) {
 }  // namespace
 
 int main() {
-  fmt::print("rpmapp {} ({} expected back end)\n", RPMAPP_VERSION_STRING,
-             rpmapp::expected_backend);
+#if defined(RPMAPP_SEPARATE_COMPILATION)
+  constexpr const char* mode = "compiled mode";
+#else
+  constexpr const char* mode = "header-only";
+#endif
+  fmt::print("rpmapp {} ({} expected back end, {})\n", RPMAPP_VERSION_STRING,
+             rpmapp::expected_backend, mode);
   auto peer = rpmapp::Peer::from_address("127.0.0.1", rpmapp::AddressKind::local);
   if (!peer) return report(peer.error());
   auto ep = rpmapp::Endpoint::listen(*peer, "127.0.0.1", "0");

@@ -3,7 +3,7 @@
 // A program that includes rpmapp in many files defines RPMAPP_SEPARATE_COMPILATION for all
 // of them (the compiler's -D, not a #define in one file) and includes this header in
 // exactly one of its sources; or it links librpmapp (meson -Dlibrary=static|shared|both,
-// pkg-config rpmapp-lib), which is that source compiled. Without the macro every header is
+// pkg-config rpmapp-compiled), which is that source compiled. Without the macro every header is
 // self-contained (header-only mode, the default) and this header must not be included.
 #pragma once
 
