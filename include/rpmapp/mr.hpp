@@ -26,33 +26,14 @@ using MrDescriptor = std::array<std::byte, mr_descriptor_size>;
 
 namespace detail {
 struct MrAccess;
-inline void put_le(std::byte* out, std::uint64_t value, int bytes) noexcept {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>(value >> (8 * i));
-}
-inline std::uint64_t get_le(const std::byte* in, int bytes) noexcept {
-  std::uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= std::uint64_t(std::to_integer<std::uint8_t>(in[i])) << (8 * i);
-  return value;
-}
-inline MrDescriptor encode_descriptor(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey,
-                                      MrUsage usage) noexcept {
-  MrDescriptor d{};
-  put_le(d.data(), addr, 8);
-  put_le(d.data() + 8, len, 8);
-  put_le(d.data() + 16, rkey, 4);
-  d[20] = static_cast<std::byte>(to_underlying(usage));
-  return d;
-}
+void put_le(std::byte* out, std::uint64_t value, int bytes) noexcept;
+std::uint64_t get_le(const std::byte* in, int bytes) noexcept;
+MrDescriptor encode_descriptor(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey,
+                               MrUsage usage) noexcept;
 /// Copies `d` into `out` for `call`'s write_descriptor. Errors: inval when `out` is
 /// shorter than the descriptor (nothing is written then).
-inline expected<std::size_t> copy_descriptor(const char* call, const MrDescriptor& d,
-                                             std::span<std::byte> out) noexcept {
-  if (out.size() < mr_descriptor_size)
-    return fail(invalid(call, "buffer of {} bytes is too small for the {}-byte descriptor", out.size(),
-                        mr_descriptor_size));
-  std::copy(d.begin(), d.end(), out.begin());
-  return mr_descriptor_size;
-}
+expected<std::size_t> copy_descriptor(const char* call, const MrDescriptor& d,
+                                      std::span<std::byte> out) noexcept;
 /// True when [offset, offset + len) lies in a region of `size` bytes (no overflow).
 constexpr bool in_bounds(std::size_t offset, std::size_t len, std::uint64_t size) noexcept {
   return offset <= size && len <= size - offset;
@@ -97,32 +78,7 @@ class MrLocal {
   /// - nomem: ibv_reg_mr failed with ENOMEM (often RLIMIT_MEMLOCK), or out of memory.
   /// Thread safety: may be called concurrently.
   static expected<MrLocal> reg(const Peer& peer, void* ptr, std::size_t size, MrUsage usage,
-                               MrScope scope = MrScope::peer) noexcept {
-    constexpr const char* call = "MrLocal::reg";
-    if (!peer) return detail::fail(detail::moved_from(call));
-    if (ptr == nullptr) return detail::fail(detail::invalid(call, "the memory pointer is null"));
-    if (size == 0) return detail::fail(detail::invalid(call, "the size is 0"));
-    if (to_underlying(usage) == 0)
-      return detail::fail(detail::invalid(call, "the usage is empty (no MrUsage bit set)"));
-    const detail::PeerState& state = *peer.state();
-    if (scope != MrScope::peer && scope != MrScope::grants && scope != MrScope::grants_by_registration)
-      return detail::fail(detail::invalid(call, "scope {} is no MrScope", static_cast<int>(scope)));
-    const bool for_grants = scope != MrScope::peer;
-    const bool by_windows = scope == MrScope::grants && state.memory_windows;
-    if (for_grants && state.iwarp && has(usage, MrUsage::read_dst))
-      return detail::fail(detail::invalid(
-          call, "on iWARP a read_dst region must be remotely writable: register it with MrScope::peer"));
-    return detail::no_throw(call, [&]() -> expected<MrLocal> {
-      std::unique_ptr<detail::GrantRegistry> grants;
-      if (for_grants) grants = std::make_unique<detail::GrantRegistry>();
-      auto mr = for_grants ? detail::register_memory(state, ptr, size, usage,
-                                                     by_windows ? detail::Rights::for_windows
-                                                                : detail::Rights::local_only)
-                           : detail::register_memory(state, ptr, size, usage);
-      if (!mr) return detail::fail(mr.error());
-      return MrLocal(peer.state(), std::move(*mr), usage, scope, by_windows, std::move(grants));
-    });
-  }
+                               MrScope scope = MrScope::peer) noexcept;
   /// As above, for a span of bytes.
   static expected<MrLocal> reg(const Peer& peer, std::span<std::byte> memory, MrUsage usage,
                                MrScope scope = MrScope::peer) noexcept {
@@ -134,18 +90,7 @@ class MrLocal {
   MrLocal(MrLocal&&) noexcept = default;
   /// Deregisters this region as the destructor does (a failure is logged under
   /// "MrLocal::operator="), then takes `other`'s.
-  MrLocal& operator=(MrLocal&& other) noexcept {
-    if (this != &other) {
-      dereg_logged("MrLocal::operator=");
-      peer_ = std::move(other.peer_);
-      mr_ = std::move(other.mr_);
-      usage_ = other.usage_;
-      scope_ = other.scope_;
-      by_windows_ = other.by_windows_;
-      grants_ = std::move(other.grants_);
-    }
-    return *this;
-  }
+  MrLocal& operator=(MrLocal&& other) noexcept;
   /// Revokes its grants and deregisters; a failure is logged (warning, "MrLocal::~MrLocal";
   /// use dereg() to get it).
   ~MrLocal() { dereg_logged("MrLocal::~MrLocal"); }
@@ -157,13 +102,7 @@ class MrLocal {
   /// empty afterwards, whatever the result): once it returns, no peer reaches the memory.
   /// Errors: inval when empty; provider: ibv_dealloc_mw (a grant's window) or ibv_dereg_mr
   /// failed (the rest is still released; the first failure is returned).
-  expected<void> dereg() && noexcept {
-    constexpr const char* call = "MrLocal::dereg";
-    if (!mr_) return detail::fail(detail::moved_from(call));
-    auto released = release({call, LogLevel::notice});
-    detail::name_in(released, call);
-    return released;
-  }
+  expected<void> dereg() && noexcept;
 
   /// The registered memory's start. Errors: inval when empty.
   expected<void*> ptr() const noexcept {
@@ -190,22 +129,11 @@ class MrLocal {
   /// address, length, rkey and usage, little-endian).
   /// Errors: inval when empty, or registered with MrScope::grants (its own key carries no
   /// remote right: a peer gets a Grant's descriptor instead).
-  expected<MrDescriptor> descriptor() const noexcept {
-    constexpr const char* call = "MrLocal::descriptor";
-    if (!mr_) return detail::fail(detail::moved_from(call));
-    if (grants_) return detail::fail(grants_only(call));
-    return detail::encode_descriptor(reinterpret_cast<std::uintptr_t>(mr_->addr), mr_->length,
-                                     mr_->rkey, usage_);
-  }
+  expected<MrDescriptor> descriptor() const noexcept;
   /// Writes the descriptor into `out` (e.g. a private-data buffer) and returns its size.
   /// Errors: as descriptor(); inval when `out` is shorter than mr_descriptor_size (nothing
   /// is written then).
-  expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept {
-    constexpr const char* call = "MrLocal::write_descriptor";
-    if (!mr_) return detail::fail(detail::moved_from(call));
-    if (grants_) return detail::fail(grants_only(call));
-    return detail::copy_descriptor(call, *descriptor(), out);
-  }
+  expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept;
   /// As above, into a char buffer (librpma programs keep descriptors in char arrays).
   expected<std::size_t> write_descriptor(std::span<char> out) const noexcept {
     return write_descriptor(std::as_writable_bytes(out));
@@ -217,12 +145,7 @@ class MrLocal {
   }
   /// How its grants are made (see GrantMode). Errors: inval when empty or registered with
   /// MrScope::peer.
-  expected<GrantMode> grant_mode() const noexcept {
-    constexpr const char* call = "MrLocal::grant_mode";
-    if (!mr_) return detail::fail(detail::moved_from(call));
-    if (!grants_) return detail::fail(detail::invalid(call, "the region is registered with MrScope::peer: it has no grants"));
-    return by_windows_ ? GrantMode::windows : GrantMode::registrations;
-  }
+  expected<GrantMode> grant_mode() const noexcept;
 
   /// Gives the device advice about [offset, offset + len) (ibv_advise_mr, e.g.
   /// IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE for on-demand-paging memory; librpma's
@@ -233,25 +156,7 @@ class MrLocal {
   /// - nosupp: the device does not support it (EOPNOTSUPP / ENOTSUP).
   /// - provider: ibv_advise_mr failed otherwise.
   expected<void> advise(std::size_t offset, std::size_t len, ibv_advise_mr_advice advice,
-                        std::uint32_t flags = 0) const noexcept {
-    constexpr const char* call = "MrLocal::advise";
-    if (!mr_) return detail::fail(detail::moved_from(call));
-    if (len == 0 || len > 0xffffffffu || !detail::in_bounds(offset, len, mr_->length))
-      return detail::fail(detail::invalid(call, "range [{}, +{}) is not within the {}-byte region",
-                                          offset, len, mr_->length));
-    ibv_sge sge{};
-    sge.addr = reinterpret_cast<std::uintptr_t>(mr_->addr) + offset;
-    sge.length = static_cast<std::uint32_t>(len);
-    sge.lkey = mr_->lkey;
-    const int rc = detail::provider().advise_mr(mr_->pd, advice, flags, &sge, 1);
-    if (rc == 0) return {};
-    if (rc == EOPNOTSUPP || rc == ENOTSUP)
-      return detail::fail(
-          Error(errc::nosupp, rc, "ibv_advise_mr", "the device does not support this advice").name_operation(call));
-    if (rc == EINVAL || rc == EFAULT)
-      return detail::fail(Error(errc::inval, rc, "ibv_advise_mr").name_operation(call));
-    return detail::fail(detail::provider_error_in(call, "ibv_advise_mr", rc));
-  }
+                        std::uint32_t flags = 0) const noexcept;
 
  private:
   friend struct detail::MrAccess;
@@ -263,26 +168,12 @@ class MrLocal {
 
   /// Revokes the grants, then deregisters; the first failure is returned, later ones
   /// logged (FirstError).
-  expected<void> release(detail::Teardown by) noexcept {
-    detail::FirstError first{by};
-    if (grants_) grants_->revoke_all(first);
-    grants_.reset();
-    if (mr_) {
-      const detail::Provider& p = mr_.get_deleter().provider();
-      first.value_call(p.dereg_mr(mr_.release()), "ibv_dereg_mr");
-    }
-    peer_.reset();
-    return first.result();
-  }
+  expected<void> release(detail::Teardown by) noexcept;
   static Error grants_only(const char* call) noexcept {
     return Error(errc::inval, 0, call,
                  "the region is registered for grants (MrScope::grants): hand out a Grant's descriptor");
   }
-  void dereg_logged(const char* where) noexcept {
-    if (!mr_) return;
-    if (auto released = release({where, LogLevel::warning}); !released) [[unlikely]]
-      detail::log(LogLevel::warning, where, released.error());
-  }
+  void dereg_logged(const char* where) noexcept;
 
   std::shared_ptr<detail::PeerState> peer_;  // declared first: outlives the registration
   detail::MemoryRegion mr_;
@@ -306,23 +197,7 @@ class MrRemote {
   /// Errors: inval when the descriptor is not exactly mr_descriptor_size bytes, its usage
   /// byte is 0 (or has bits MrUsage does not define), its length is 0, or address +
   /// length overflows 64 bits.
-  static expected<MrRemote> from_descriptor(std::span<const std::byte> descriptor) noexcept {
-    constexpr const char* call = "MrRemote::from_descriptor";
-    if (descriptor.size() != mr_descriptor_size)
-      return detail::fail(detail::invalid(call, "a descriptor is {} bytes, not {}", descriptor.size(),
-                                          mr_descriptor_size));
-    const std::uint64_t addr = detail::get_le(descriptor.data(), 8);
-    const std::uint64_t len = detail::get_le(descriptor.data() + 8, 8);
-    const auto rkey = static_cast<std::uint32_t>(detail::get_le(descriptor.data() + 16, 4));
-    const auto usage = std::to_integer<std::uint8_t>(descriptor[20]);
-    constexpr std::uint8_t known = 0xff;  // every bit of the byte is an MrUsage
-    if (usage == 0 || (usage & ~known) != 0)
-      return detail::fail(detail::invalid(call, "usage 0x{:02x} is not a set of MrUsage bits", usage));
-    if (len == 0) return detail::fail(detail::invalid(call, "the region's length is 0"));
-    if (addr + len < addr)
-      return detail::fail(detail::invalid(call, "address 0x{:x} + length {} overflows", addr, len));
-    return MrRemote(addr, len, rkey, static_cast<MrUsage>(usage));
-  }
+  static expected<MrRemote> from_descriptor(std::span<const std::byte> descriptor) noexcept;
   /// As above, from a char buffer (librpma programs keep descriptors in char arrays).
   static expected<MrRemote> from_descriptor(std::span<const char> descriptor) noexcept {
     return from_descriptor(std::as_bytes(descriptor));
@@ -358,3 +233,7 @@ class MrRemote {
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/mr.ipp>
+#endif

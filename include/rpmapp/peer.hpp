@@ -2,7 +2,6 @@
 #pragma once
 
 #include <rpmapp/detail/address.hpp>
-#include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/device_context.hpp>
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/handles.hpp>
@@ -16,8 +15,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <unistd.h>
 
 RPMAPP_BEGIN_NAMESPACE
 
@@ -76,64 +73,21 @@ struct PeerState {
   }
 
   /// A spare event channel, or nullptr when there is none.
-  rdma_event_channel* take_spare_channel() noexcept {
-    std::lock_guard lock(spare_channels_mutex);
-    if (spare_channels.empty()) return nullptr;
-    rdma_event_channel* channel = spare_channels.back();
-    spare_channels.pop_back();
-    return channel;
-  }
+  rdma_event_channel* take_spare_channel() noexcept;
   /// Keeps `channel` (empty: its cm_id is destroyed) as a spare; false when there are
   /// max_spare_channels already (the caller closes it).
-  bool keep_spare_channel(rdma_event_channel* channel) noexcept {
-    std::lock_guard lock(spare_channels_mutex);
-    if (spare_channels.size() >= max_spare_channels) return false;
-    spare_channels.push_back(channel);  // no allocation: reserved by the constructor
-    return true;
-  }
+  bool keep_spare_channel(rdma_event_channel* channel) noexcept;
 
   /// A spare CQ of `size` entries on completion vector `vector`, or nullptr.
-  ibv_cq* take_spare_cq(std::uint32_t size, int vector) noexcept {
-    std::lock_guard lock(spare_cqs_mutex);
-    for (std::size_t i = spare_cqs.size(); i-- > 0;) {  // the latest first
-      if (spare_cqs[i].size != size || spare_cqs[i].vector != vector) continue;
-      ibv_cq* cq = spare_cqs[i].cq;
-      spare_cqs.erase(spare_cqs.begin() + static_cast<std::ptrdiff_t>(i));
-      return cq;
-    }
-    return nullptr;
-  }
+  ibv_cq* take_spare_cq(std::uint32_t size, int vector) noexcept;
   /// Keeps `cq` (no queue pair on it, polled empty) as a spare; false when there are
   /// max_spare_cqs already (the caller destroys it).
-  bool keep_spare_cq(ibv_cq* cq, std::uint32_t size, int vector) noexcept {
-    std::lock_guard lock(spare_cqs_mutex);
-    if (spare_cqs.size() >= max_spare_cqs) return false;
-    spare_cqs.push_back({cq, size, vector});  // no allocation: reserved by the constructor
-    return true;
-  }
+  bool keep_spare_cq(ibv_cq* cq, std::uint32_t size, int vector) noexcept;
 
   /// Closes the spare event channels, destroys the spare CQs, deregisters the flush
   /// buffer and deallocates the domain, reporting the first failure (the rest is still
   /// released). Idempotent.
-  expected<void> release(Teardown by) noexcept {
-    // libibverbs' destroy calls return the errno value instead of setting errno
-    FirstError first{by};
-    {
-      std::lock_guard lock(spare_channels_mutex);
-      for (rdma_event_channel* channel : spare_channels) seam->destroy_event_channel(channel);
-      spare_channels.clear();
-    }
-    {
-      std::lock_guard lock(spare_cqs_mutex);
-      for (const SpareCq& spare : spare_cqs)
-        first.value_call(seam->destroy_cq(spare.cq), "ibv_destroy_cq");
-      spare_cqs.clear();
-    }
-    if (flush_mr) first.value_call(seam->dereg_mr(flush_mr.release()), "ibv_dereg_mr");
-    flush_buffer.reset();
-    if (pd) first.value_call(seam->dealloc_pd(pd.release()), "ibv_dealloc_pd");
-    return first.result();
-  }
+  expected<void> release(Teardown by) noexcept;
 };
 
 /// The rights register_memory gives a registration for its usages.
@@ -146,73 +100,21 @@ enum class Rights {
 /// Registers `size` bytes at `addr` for `usage` on `peer` with `rights`, retrying with
 /// on-demand paging when the device refuses the memory with EOPNOTSUPP and supports ODP
 /// (librpma's rule: FSDAX memory). Errors: provider / nomem (ibv_reg_mr, errno in the Error).
-inline expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
-                                              std::size_t size, MrUsage usage,
-                                              Rights rights = Rights::of_usage) noexcept {
-  const Provider& p = provider();
-  const int access = rights == Rights::of_usage ? access_for(usage, peer.iwarp, peer.native_flush)
-                     : rights == Rights::for_windows ? access_for_grants(usage, peer.iwarp)
-                     : access_for_grants(usage, peer.iwarp) & ~IBV_ACCESS_MW_BIND;
-  errno = 0;
-  ibv_mr* mr = p.reg_mr(peer.pd.get(), addr, size, access);
-  if (mr == nullptr && errno == EINVAL && (access & native_flush_abi::access_flush_persistent))
-    return fail(provider_error("ibv_reg_mr", EINVAL,
-                               "the device flushes natively and refuses flush_persistent for "
-                               "memory that is not persistent (rxe: only pmem pages)"));
-  if (mr == nullptr && errno == EOPNOTSUPP && peer.odp) {
-    errno = 0;
-    mr = p.reg_mr(peer.pd.get(), addr, size, access | IBV_ACCESS_ON_DEMAND);
-    if (mr == nullptr)
-      return fail(provider_error("ibv_reg_mr", errno, "retried with IBV_ACCESS_ON_DEMAND"));
-  }
-  if (mr == nullptr) return fail(provider_error("ibv_reg_mr", errno));
-  return MemoryRegion(mr);
-}
+expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
+                                       std::size_t size, MrUsage usage,
+                                       Rights rights = Rights::of_usage) noexcept;
 
 /// Allocates `state`'s protection domain on `context` and registers the page its emulated
 /// flushes read into (Peer::open; a connection's own domain, own_domain). Errors:
 /// provider / nomem: ibv_alloc_pd or ibv_reg_mr failed, or no page. What it made is
 /// released with `state`.
-inline expected<void> open_domain(const char* call, PeerState& state, ibv_context* context) noexcept {
-  errno = 0;
-  state.pd.reset(provider().alloc_pd(context));
-  if (!state.pd) {
-    const int e = errno;
-    if (e == 0) return fail(Error(errc::unknown, 0, "ibv_alloc_pd", "no errno set"));
-    return fail(provider_error("ibv_alloc_pd", e));
-  }
-  state.context = context;
-  const long page = sysconf(_SC_PAGESIZE);
-  const std::size_t page_size = page > 0 ? static_cast<std::size_t>(page) : 4096;
-  state.flush_buffer.reset(static_cast<std::byte*>(std::aligned_alloc(page_size, page_size)));
-  if (!state.flush_buffer) return fail(Error(errc::nomem, ENOMEM, call, "no page for the flush buffer"));
-  auto flush_mr = register_memory(state, state.flush_buffer.get(), PeerState::flush_read_size, MrUsage::read_dst);
-  if (!flush_mr) return fail(flush_mr.error());
-  state.flush_mr = std::move(*flush_mr);
-  return {};
-}
+expected<void> open_domain(const char* call, PeerState& state, ibv_context* context) noexcept;
 
 /// A protection domain of its own for one connection (ConnConfig::own_protection_domain),
 /// on the device of `like` (the Peer the connection would otherwise use), whose
 /// capabilities it shares: no probe, only open_domain's calls. Errors: as open_domain;
 /// nomem when out of memory.
-inline expected<std::shared_ptr<PeerState>> own_domain(const char* call, const PeerState& like) noexcept {
-  std::shared_ptr<PeerState> state;
-  try {
-    state = std::make_shared<PeerState>();
-  } catch (const std::bad_alloc&) {
-    return fail(Error(errc::nomem, ENOMEM, call, "memory allocation failed"));
-  }
-  state->teardown = {call, LogLevel::notice};  // until the connection is made
-  state->iwarp = like.iwarp;
-  state->odp = like.odp;
-  state->native_atomic_write = like.native_atomic_write;
-  state->native_flush = like.native_flush;
-  state->memory_windows = like.memory_windows;
-  if (auto opened = open_domain(call, *state, like.context); !opened) return fail(opened.error());
-  state->teardown = {"Peer (last reference)", LogLevel::warning};
-  return state;
-}
+expected<std::shared_ptr<PeerState>> own_domain(const char* call, const PeerState& like) noexcept;
 
 }  // namespace detail
 
@@ -261,38 +163,7 @@ class Peer {
   ///   memory.
   /// - provider: rdma_get_devices, ibv_query_device_ex, ibv_alloc_pd or ibv_reg_mr failed
   ///   (errno in the Error).
-  static expected<Peer> open(ibv_context* context) noexcept {
-    constexpr const char* call = "Peer::open";
-    if (context == nullptr) return detail::fail(detail::invalid(call, "device context is null"));
-    if (auto owned = detail::check_cm_context(call, context); !owned)
-      return detail::fail(owned.error().name_operation(call));
-    return detail::no_throw(call, [&]() -> expected<Peer> {
-      auto state = std::make_shared<detail::PeerState>();
-      state->teardown = {call, LogLevel::notice};  // until the Peer is made
-      const detail::Provider& p = detail::provider();
-      // librpma's capability probes: on-demand paging (RC read and write) and native
-      // atomic write.
-      ibv_device_attr_ex attr{};
-      if (int rc = p.query_device_ex(context, nullptr, &attr); rc != 0)
-        return detail::fail(detail::provider_error("ibv_query_device_ex", rc));
-      const std::uint32_t rc_odp = attr.odp_caps.per_transport_caps.rc_odp_caps;
-      state->odp = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0 &&
-                   (rc_odp & IBV_ODP_SUPPORT_READ) != 0 && (rc_odp & IBV_ODP_SUPPORT_WRITE) != 0;
-      state->native_atomic_write = (attr.device_cap_flags_ex & detail::device_atomic_write_flag) != 0;
-      // librpma 1.3's rule: native flush only when the device has both types
-      constexpr std::uint64_t both_flushes = detail::native_flush_abi::device_flush_global |
-                                             detail::native_flush_abi::device_flush_persistent;
-      state->native_flush = detail::build_has_native_flush &&
-                            (attr.device_cap_flags_ex & both_flushes) == both_flushes;
-      state->memory_windows = (attr.orig_attr.device_cap_flags &
-                               (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
-      state->iwarp = context->device != nullptr &&
-                     context->device->transport_type == IBV_TRANSPORT_IWARP;
-      if (auto opened = detail::open_domain(call, *state, context); !opened) return detail::fail(opened.error());
-      state->teardown = {"Peer (last reference)", LogLevel::warning};
-      return Peer(std::move(state));
-    });
-  }
+  static expected<Peer> open(ibv_context* context) noexcept;
 
   /// Opens a Peer on the device that owns (`local`) or reaches (`remote`) the numeric
   /// address `addr`, as rpma_utils_get_ibv_context does. A remote lookup resolves the
@@ -309,56 +180,13 @@ class Peer {
   /// - nomem: out of memory (also a provider call's ENOMEM).
   static expected<Peer> from_address(std::string_view addr, AddressKind kind,
                                      std::chrono::milliseconds timeout =
-                                         std::chrono::milliseconds(1000)) noexcept {
-    constexpr const char* call = "Peer::from_address";
-    detail::SocketAddress where;
-    if (auto ok = detail::check_numeric_address(call, addr, &where); !ok)
-      return detail::fail(ok.error().name_operation(call));
-    return detail::no_throw(call, [&]() -> expected<Peer> {
-      const detail::Deadline deadline(detail::Wait::bounded(timeout));
-      for (int attempt = 0;; ++attempt) {
-        rdma_cm_id* raw = nullptr;
-        errno = 0;
-        if (detail::provider().create_id(nullptr, &raw, nullptr, RDMA_PS_TCP) != 0)
-          return detail::fail(detail::provider_error("rdma_create_id", errno));
-        // Destroyed on the way out: a failure there is logged (notice when this call fails).
-        detail::CmId id(raw, detail::CmIdDeleter{false, detail::current_provider,
-                                                 {call, LogLevel::notice}});
-        errno = 0;
-        if (kind == AddressKind::local) {
-          if (detail::provider().bind_addr(id.get(), where.get()) != 0)
-            return detail::fail(detail::provider_error("rdma_bind_addr", errno));
-        } else if (detail::provider().resolve_addr(
-                       id.get(), nullptr, where.get(),
-                       attempt == 0 ? detail::Wait::bounded(timeout).ms : deadline.poll_timeout()) != 0) {
-          // Without an event channel librdmacm waits for the resolution in a blocking
-          // read, which a signal caught without SA_RESTART ends with EINTR: start again
-          // on a fresh id with the time left (the old one may still get the event).
-          const int e = errno;
-          if (e == EINTR && !deadline.passed()) continue;
-          return detail::fail(detail::provider_error(
-              "rdma_resolve_addr", e, e == EINTR ? "a signal came after the timeout" : ""));
-        }
-        if (id->verbs == nullptr)
-          return detail::fail(detail::invalid(call, "no RDMA device has address {}", addr));
-        auto peer = open(id->verbs);
-        if (peer) id.get_deleter().by.level = LogLevel::warning;
-        return peer;
-      }
-    });
-  }
+                                         std::chrono::milliseconds(1000)) noexcept;
 
   /// An empty Peer, as a moved-from one (every call is inval): for tables of slots.
   Peer() noexcept = default;
   Peer(Peer&&) noexcept = default;
   /// Releases this handle as the destructor does, then takes `other`'s.
-  Peer& operator=(Peer&& other) noexcept {
-    if (this != &other) {
-      release_logged("Peer::operator=");
-      state_ = std::move(other.state_);
-    }
-    return *this;
-  }
+  Peer& operator=(Peer&& other) noexcept;
   /// Releases this handle; when it is the last user of the protection domain, the domain
   /// is deallocated and a failure logged (warning, "Peer::~Peer"). When something made
   /// from the Peer goes last, its failure is logged under "Peer (last reference)".
@@ -425,12 +253,7 @@ class Peer {
   /// Errors: inval when empty; provider: ibv_dereg_mr (the flush buffer's) or
   /// ibv_dealloc_pd failed (the first failure; the rest is still released, and a later
   /// failure is logged, notice).
-  expected<void> close() && noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::close"));
-    auto state = std::move(state_);
-    if (state.use_count() == 1) return detail::named("Peer::close", state->release({"Peer::close", LogLevel::warning}));
-    return {};
-  }
+  expected<void> close() && noexcept;
 
   /// Internal: the shared state, for the types made from a Peer.
   const std::shared_ptr<detail::PeerState>& state() const noexcept { return state_; }
@@ -440,18 +263,13 @@ class Peer {
  private:
   explicit Peer(std::shared_ptr<detail::PeerState> state) noexcept : state_(std::move(state)) {}
 
-  void release_logged(const char* where) noexcept {
-    if (!state_) return;
-    auto state = std::move(state_);
-    // The last user: released here, under this name (no other reference can appear).
-    if (state.use_count() == 1) {
-      const detail::Teardown by{where, LogLevel::warning};
-      if (auto released = state->release(by); !released) [[unlikely]]
-        detail::log(by.level, by.where, released.error());
-    }
-  }
+  void release_logged(const char* where) noexcept;
 
   std::shared_ptr<detail::PeerState> state_;
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/peer.ipp>
+#endif
