@@ -14,3 +14,6 @@
 #include <rpmapp/rpmapp.hpp>
 
 // one line per header with definitions under impl/ (sorted)
+#include <rpmapp/impl/conn_req.ipp>
+#include <rpmapp/impl/detail_listener.ipp>
+#include <rpmapp/impl/endpoint.ipp>
