@@ -60,14 +60,7 @@ class ConnReq {
   ConnReq(ConnReq&&) noexcept = default;
   /// Releases this request as the destructor does (failures logged under
   /// "ConnReq::operator="), then takes `other`'s.
-  ConnReq& operator=(ConnReq&& other) noexcept {
-    if (this != &other) {
-      if (core_) core_->teardown = {"ConnReq::operator=", LogLevel::warning};
-      core_ = std::move(other.core_);
-      incoming_ = other.incoming_;
-    }
-    return *this;
-  }
+  ConnReq& operator=(ConnReq&& other) noexcept;
   /// Releases the request as close() does; a failure is logged (warning,
   /// "ConnReq::~ConnReq"; the ones after the first, notice).
   ~ConnReq() = default;
@@ -81,28 +74,7 @@ class ConnReq {
   /// Errors:
   /// - inval: empty request; private data too long (nothing is sent).
   /// - provider: rdma_accept or rdma_connect failed.
-  expected<Conn> connect(std::span<const std::byte> private_data = {}) && noexcept {
-    constexpr const char* call = "ConnReq::connect";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    const std::size_t limit =
-        incoming_ ? max_accept_private_data : max_connect_private_data;
-    if (auto ok = detail::check_private_data(call, private_data, limit,
-                                             incoming_ ? "accept" : "connect");
-        !ok)
-      return detail::fail(ok.error());
-    auto core = std::move(core_);
-    core->teardown = {call, LogLevel::notice};  // released here if the call fails
-    rdma_conn_param param = detail::conn_param(private_data, core->config);
-    errno = 0;
-    if (incoming_) {
-      if (detail::provider().accept(core->id.get(), &param) != 0)
-        return detail::fail(detail::provider_error_in(call, "rdma_accept", errno));
-      core->id.get_deleter().reject_first = false;
-    } else if (detail::provider().connect(core->id.get(), &param) != 0) {
-      return detail::fail(detail::provider_error_in(call, "rdma_connect", errno));
-    }
-    return Conn(std::move(core));
-  }
+  expected<Conn> connect(std::span<const std::byte> private_data = {}) && noexcept;
 
   /// Rejects an incoming request, sending `private_data` (at most max_reject_private_data,
   /// 148 bytes: the IB CM's REJ size, which the kernel enforces) to the client, and
@@ -112,33 +84,12 @@ class ConnReq {
   ///   the request is left as it was and can still be accepted).
   /// - provider: rdma_reject failed (the request is still released), or a release step
   ///   (ibv_destroy_qp, ibv_destroy_cq, ibv_destroy_comp_channel, rdma_destroy_id) failed.
-  expected<void> reject(std::span<const std::byte> private_data = {}) && noexcept {
-    constexpr const char* call = "ConnReq::reject";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    if (!incoming_) return detail::fail(detail::invalid(call, "only an incoming request can be rejected"));
-    if (auto ok = detail::check_private_data(call, private_data,
-                                             max_reject_private_data, "reject");
-        !ok)
-      return detail::fail(ok.error());
-    auto core = std::move(core_);
-    detail::FirstError first{{call, LogLevel::warning}};
-    errno = 0;
-    first.errno_call(detail::provider().reject(core->id.get(), private_data.data(),
-                                               static_cast<std::uint8_t>(private_data.size())),
-                     "rdma_reject");
-    core->id.get_deleter().reject_first = false;
-    if (auto closed = detail::close_core(*core, first.by); !closed) first.note(closed.error());
-    return detail::named(call, first.result());
-  }
+  expected<void> reject(std::span<const std::byte> private_data = {}) && noexcept;
 
   /// Releases the request (an incoming one is rejected without private data), reporting
   /// the first failure (the later ones are logged, notice). Consumed whatever the result.
   /// Errors: inval when empty; provider.
-  expected<void> close() && noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::close"));
-    auto core = std::move(core_);
-    return detail::named("ConnReq::close", detail::close_core(*core, {"ConnReq::close", LogLevel::warning}));
-  }
+  expected<void> close() && noexcept;
 
   /// Posts a receive before the connection exists (librpma's rpma_conn_req_recv), so that
   /// the peer's first message finds it: as Conn::recv.
@@ -224,14 +175,7 @@ class PendingConnReq {
   PendingConnReq(PendingConnReq&&) noexcept = default;
   /// Releases this request as the destructor does (failures logged under
   /// "PendingConnReq::operator="), then takes `other`'s.
-  PendingConnReq& operator=(PendingConnReq&& other) noexcept {
-    if (this != &other) {
-      if (core_) core_->teardown = {"PendingConnReq::operator=", LogLevel::warning};
-      core_ = std::move(other.core_);
-      stage_ = other.stage_;
-    }
-    return *this;
-  }
+  PendingConnReq& operator=(PendingConnReq&& other) noexcept;
   /// Releases what resolution made so far; a failure is logged (warning,
   /// "PendingConnReq::~PendingConnReq"; the ones after the first, notice).
   ~PendingConnReq() = default;
@@ -264,19 +208,7 @@ class PendingConnReq {
   /// Waits until resolution finishes. rdma_cm bounds each of its two steps by
   /// ConnConfig::timeout; should it stay silent, this gives up after twice that plus one
   /// second in all (provider, ETIMEDOUT, naming the step).
-  expected<ConnReq> wait() && noexcept {
-    constexpr const char* call = "PendingConnReq::wait";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    const auto bound = 2 * core_->config.timeout + std::chrono::milliseconds(1000);
-    auto result = std::move(*this).advance(call, detail::Wait::bounded(bound));
-    if (!result && result.error() == errc::no_event && core_) {
-      drop(call);
-      return detail::fail(detail::make_error(errc::provider, ETIMEDOUT, resolving_call(),
-                                             "no resolution event within {} ms", bound.count())
-                              .name_operation(call));
-    }
-    return result;
-  }
+  expected<ConnReq> wait() && noexcept;
 
  private:
   friend struct detail::LoopAccess;
@@ -304,53 +236,10 @@ class PendingConnReq {
   expected<ConnReq> advance(const char* call, detail::Wait wait) noexcept {
     return detail::named(call, advance_events(call, wait));
   }
-  expected<ConnReq> advance_events(const char* call, detail::Wait wait) noexcept {
-    if (!core_) return detail::fail(detail::moved_from(call));
-    const detail::Deadline deadline(wait);  // one bound for all the events handled
-    for (;;) {
-      auto event = detail::next_cm_event(core_->channel.get(), deadline);
-      if (!event) {
-        if (event.error() != errc::no_event) drop(call);
-        return detail::fail(event.error());
-      }
-      auto step = handle(call, **event);
-      if (auto acked = detail::ack(*event); !acked) {
-        if (step) step = detail::fail(acked.error());
-        else detail::log(LogLevel::notice, call, acked.error());  // the step's failure is returned
-      }
-      if (!step) {
-        drop(call);
-        return detail::fail(step.error());
-      }
-      if (*step) return ConnReq(std::move(core_), false);
-    }
-  }
+  expected<ConnReq> advance_events(const char* call, detail::Wait wait) noexcept;
 
   // One resolution event: true when the request is ready.
-  expected<bool> handle(const char* call, const rdma_cm_event& event) noexcept {
-    const detail::Provider& p = detail::provider();
-    const auto type = event.event;
-    if (stage_ == Stage::address && type == RDMA_CM_EVENT_ADDR_RESOLVED) {
-      errno = 0;
-      if (p.resolve_route(core_->id.get(), static_cast<int>(core_->config.timeout.count())) != 0)
-        return detail::fail(detail::provider_error("rdma_resolve_route", errno));
-      stage_ = Stage::route;
-      return false;
-    }
-    if (stage_ == Stage::route && type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
-      // By pointer, as rdma_create_qp checks the protection domain's context.
-      if (core_->id->verbs != core_->peer->context)
-        return detail::fail(detail::context_mismatch(call, "the address is reached through",
-                                                     core_->id->verbs, core_->peer->context));
-      core_->device = detail::device_name(core_->id->verbs);
-      if (auto made = detail::create_queues(*core_, core_->config); !made)
-        return detail::fail(made.error());
-      return true;
-    }
-    int e = event.status < 0 ? -event.status : (event.status > 0 ? event.status : EPROTO);
-    return detail::fail(detail::make_error(errc::provider, e, resolving_call(), "event {}",
-                                           detail::event_name(type)));
-  }
+  expected<bool> handle(const char* call, const rdma_cm_event& event) noexcept;
 
   std::unique_ptr<detail::ConnectionCore> core_;
   Stage stage_ = Stage::address;
@@ -362,49 +251,8 @@ inline expected<PendingConnReq> ConnReq::start(const Peer& peer, std::string_vie
   return start_as("ConnReq::start", peer, addr, port, config);
 }
 
-inline expected<PendingConnReq> ConnReq::start_as(const char* call, const Peer& peer,
-                                                  std::string_view addr, std::string_view port,
-                                                  const ConnConfig& config) noexcept {
-  if (!peer) return detail::fail(detail::moved_from(call));
-  detail::SocketAddress where;
-  if (auto ok = detail::check_numeric_address(call, addr, &where); !ok)
-    return detail::fail(ok.error());
-  auto number = detail::parse_port(call, port);
-  if (!number) return detail::fail(number.error());
-  if (*number == 0) return detail::fail(detail::invalid(call, "cannot connect to port 0"));
-  where.set_port(*number);
-  if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
-  return detail::no_throw(call, [&]() -> expected<PendingConnReq> {
-    const detail::Provider& p = detail::provider();
-    auto core = std::make_unique<detail::ConnectionCore>();
-    core->teardown = {call, LogLevel::notice};  // until a PendingConnReq owns it
-    core->peer = peer.state();
-    if (config.own_protection_domain) {
-      auto own = detail::own_domain(call, *core->peer);
-      if (!own) return detail::fail(own.error());
-      core->peer = std::move(*own);
-    }
-    core->config = config;
-    core->config.srq = nullptr;  // the queue is held by core->srq from here on
-    if (auto ok = detail::attach_srq(call, *core, config, detail::srq_of(config)); !ok) return detail::fail(ok.error());
-    if (auto ok = detail::open_event_channel(*core); !ok) return detail::fail(ok.error());
-    rdma_cm_id* id = nullptr;
-    errno = 0;
-    if (p.create_id(core->channel.get(), &id, nullptr, RDMA_PS_TCP) != 0)
-      return detail::fail(detail::provider_error("rdma_create_id", errno));
-    core->id.reset(id);
-    errno = 0;
-    if (p.resolve_addr(id, nullptr, where.get(), static_cast<int>(config.timeout.count())) != 0)
-      return detail::fail(detail::provider_error("rdma_resolve_addr", errno));
-    return PendingConnReq(std::move(core));
-  });
-}
-
-inline expected<ConnReq> ConnReq::to(const Peer& peer, std::string_view addr,
-                                     std::string_view port, const ConnConfig& config) noexcept {
-  auto pending = start_as("ConnReq::to", peer, addr, port, config);
-  if (!pending) return detail::fail(pending.error());
-  return detail::named("ConnReq::to", std::move(*pending).wait());
-}
-
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/conn_req.ipp>
+#endif

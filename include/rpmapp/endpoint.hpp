@@ -64,13 +64,7 @@ class Endpoint {
   /// Errors: as above; inval also for no peers, or two peers on one device.
   static expected<Endpoint> listen(std::span<const Peer> peers, std::string_view addr,
                                    std::string_view port,
-                                   const ListenOptions& options = {}) noexcept {
-    return detail::no_throw("Endpoint::listen", [&]() -> expected<Endpoint> {
-      auto state = detail::start_listening("Endpoint::listen", peers, addr, port, options);
-      if (!state) return detail::fail(state.error());
-      return Endpoint(std::move(*state));
-    });
-  }
+                                   const ListenOptions& options = {}) noexcept;
 
   /// ib_cm_insert_listen's behaviour: when this process already listens through
   /// listen_shared on the same bound address and port, returns a new handle to that
@@ -128,14 +122,7 @@ class Endpoint {
   Endpoint(Endpoint&& other) noexcept = default;
   /// Releases this handle as shutdown() does (a failure is logged: warning,
   /// "Endpoint::operator="), then takes `other`'s.
-  Endpoint& operator=(Endpoint&& other) noexcept {
-    if (this != &other) {
-      release_logged("Endpoint::operator=");
-      state_ = std::move(other.state_);
-      watchers_ = std::move(other.watchers_);
-    }
-    return *this;
-  }
+  Endpoint& operator=(Endpoint&& other) noexcept;
   /// Does what shutdown() does; a failure is logged (warning, "Endpoint::~Endpoint").
   ~Endpoint() { release_logged("Endpoint::~Endpoint"); }
 
@@ -234,39 +221,20 @@ class Endpoint {
       : state_(std::move(state)) {}
 
   static expected<Endpoint> share(const Peer& peer, std::string_view addr, std::string_view port,
-                                  std::shared_ptr<void> handler, const ListenOptions& options) noexcept {
-    constexpr const char* call = "Endpoint::listen_shared";
-    return detail::no_throw(call, [&]() -> expected<Endpoint> {
-      auto state = detail::listen_shared(call, peer, addr, port, options, std::move(handler));
-      if (!state) return detail::fail(state.error());
-      return Endpoint(std::move(*state));
-    });
-  }
+                                  std::shared_ptr<void> handler, const ListenOptions& options) noexcept;
 
-  expected<void> release(detail::Teardown by) noexcept {
-    watchers_.notify();  // event loops let go of the channel's fd while it is open
-    if (!state_) return {};
-    return detail::release_listener(std::move(state_), by);
-  }
+  expected<void> release(detail::Teardown by) noexcept;
 
-  void release_logged(const char* where) noexcept {
-    const detail::Teardown by{where, LogLevel::warning};
-    if (auto released = release(by); !released) [[unlikely]]
-      detail::log(by.level, by.where, released.error());
-  }
+  void release_logged(const char* where) noexcept;
 
-  expected<ConnReq> next(const char* call, const ConnConfig& config, detail::Wait wait) noexcept {
-    if (!state_) return detail::fail(detail::moved_from(call));
-    if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
-    return detail::no_throw(call, [&]() -> expected<ConnReq> {
-      auto core = detail::accept_request(call, *state_, config, detail::srq_of(config), wait);
-      if (!core) return detail::fail(core.error());
-      return ConnReq(std::move(*core), true);
-    });
-  }
+  expected<ConnReq> next(const char* call, const ConnConfig& config, detail::Wait wait) noexcept;
 
   std::shared_ptr<detail::ListenerState> state_;
   detail::SourceLink watchers_;  // event loops serving this handle
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/endpoint.ipp>
+#endif

@@ -14,7 +14,10 @@
 #include <rpmapp/rpmapp.hpp>
 
 // one line per header with definitions under impl/ (sorted)
+#include <rpmapp/impl/conn_req.ipp>
 #include <rpmapp/impl/detail_address.ipp>
 #include <rpmapp/impl/detail_device_context.ipp>
+#include <rpmapp/impl/detail_listener.ipp>
+#include <rpmapp/impl/endpoint.ipp>
 #include <rpmapp/impl/mr.ipp>
 #include <rpmapp/impl/peer.ipp>
