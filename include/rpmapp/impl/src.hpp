@@ -14,3 +14,7 @@
 #include <rpmapp/rpmapp.hpp>
 
 // one line per header with definitions under impl/ (sorted)
+#include <rpmapp/impl/conn.ipp>
+#include <rpmapp/impl/detail_cm_event.ipp>
+#include <rpmapp/impl/detail_connection.ipp>
+#include <rpmapp/impl/detail_handles.ipp>
