@@ -2,7 +2,6 @@
 #pragma once
 
 #include <rpmapp/detail/cm_event.hpp>
-#include <rpmapp/detail/address.hpp>
 #include <rpmapp/detail/connection.hpp>
 #include <rpmapp/detail/operations.hpp>
 #include <rpmapp/cq.hpp>
@@ -52,58 +51,13 @@ namespace detail {
 
 /// Takes and acknowledges one event of a connection: its ConnEvent, or nullopt for one not
 /// reported (the second end-of-connection event).
-inline expected<std::optional<ConnEvent>> take_conn_event(const char* call, ConnectionCore& core,
-                                                          const Deadline& deadline) noexcept {
-  return no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
-    auto event = next_cm_event(core.channel.get(), deadline);
-    if (!event) return fail(event.error());
-    event->get_deleter().by = {call, LogLevel::notice};  // acknowledged there on failure only
-    const rdma_cm_event_type type = (*event)->event;
-    // Copy before the acknowledgement releases the event; publish after it succeeded.
-    std::vector<std::byte> data;
-    const bool carries_data = type == RDMA_CM_EVENT_REJECTED ||
-                              (type == RDMA_CM_EVENT_ESTABLISHED && core.private_data.empty());
-    if (carries_data) store_private_data(data, **event);
-    if (auto acked = ack(*event); !acked) return fail(acked.error());
-    if (carries_data && !data.empty()) core.private_data.swap(data);
-    switch (type) {
-      case RDMA_CM_EVENT_ESTABLISHED: return ConnEvent::established;
-      case RDMA_CM_EVENT_CONNECT_ERROR:
-      case RDMA_CM_EVENT_DEVICE_REMOVAL: return ConnEvent::lost;
-      case RDMA_CM_EVENT_DISCONNECTED:
-      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-        if (core.closed_reported) {
-          log_event(LogLevel::debug, call, type,
-                    "the second end of the connection, acknowledged and not reported");
-          return std::nullopt;
-        }
-        core.closed_reported = true;
-        return ConnEvent::closed;
-      case RDMA_CM_EVENT_REJECTED: return ConnEvent::rejected;
-      case RDMA_CM_EVENT_UNREACHABLE: return ConnEvent::unreachable;
-      default:
-        return fail(make_error(errc::unknown, 0, call, "unexpected event {} on a connection",
-                               event_name(type)));
-    }
-  });
-}
+expected<std::optional<ConnEvent>> take_conn_event(const char* call, ConnectionCore& core,
+                                                   const Deadline& deadline) noexcept;
 
 /// The next reported event of a connection by `deadline`. One deadline for every event
 /// taken: a swallowed second end-of-connection event does not extend the caller's bound.
-inline expected<ConnEvent> next_conn_event(const char* call, ConnectionCore& core,
-                                           const Deadline& deadline) noexcept {
-  if (core.path.failed.load(std::memory_order_relaxed) && !core.lost_reported) {
-    core.lost_reported = true;
-    log(LogLevel::notice, call, Error(errc::provider, 0, "ibv_poll_cq",
-                                      "a work request failed with retry exceeded: the peer stopped answering"));
-    return ConnEvent::lost;
-  }
-  for (;;) {
-    auto event = take_conn_event(call, core, deadline);
-    if (!event) return fail(event.error());
-    if (*event) return **event;
-  }
-}
+expected<ConnEvent> next_conn_event(const char* call, ConnectionCore& core,
+                                    const Deadline& deadline) noexcept;
 
 }  // namespace detail
 
@@ -121,13 +75,7 @@ class Conn {
   Conn(Conn&&) noexcept = default;
   /// Releases this connection as the destructor does (failures logged under
   /// "Conn::operator="), then takes `other`'s.
-  Conn& operator=(Conn&& other) noexcept {
-    if (this != &other) {
-      if (core_) core_->teardown = {"Conn::operator=", LogLevel::warning};
-      core_ = std::move(other.core_);
-    }
-    return *this;
-  }
+  Conn& operator=(Conn&& other) noexcept;
   /// Releases everything, like close(); a failure is logged (warning, "Conn::~Conn"; the
   /// ones after the first, notice).
   ~Conn() = default;
@@ -169,32 +117,20 @@ class Conn {
   /// Closed with the connection, unless ConnConfig::reuse_event_channel gives the channel
   /// back to the Peer: then take it out of your epoll sets before releasing the Conn.
   /// Errors: inval when empty.
-  expected<int> fd() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::fd"));
-    return core_->channel->fd;
-  }
+  expected<int> fd() const noexcept;
 
   /// The peer's private data: on the accepting side the request's, on the connecting side
   /// the accept's (after established) or the reject's (after rejected). rdma_cm pads it to
   /// the protocol's size with zeros (56 bytes on a request, 196 on an accept, 148 on a reject):
   /// carry your own length if it matters. Valid until the next call on this Conn.
   /// Errors: inval when empty.
-  expected<std::span<const std::byte>> private_data() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::private_data"));
-    return std::span<const std::byte>(core_->private_data);
-  }
+  expected<std::span<const std::byte>> private_data() const noexcept;
   /// Copies private_data() into `out` and returns its size. Errors: inval when empty or
   /// when `out` is too small (nothing is written then).
-  expected<std::size_t> copy_private_data(std::span<std::byte> out) const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::copy_private_data"));
-    return detail::copy_out("Conn::copy_private_data", core_->private_data, out);
-  }
+  expected<std::size_t> copy_private_data(std::span<std::byte> out) const noexcept;
 
   /// The queue pair number. Errors: inval when empty.
-  expected<std::uint32_t> qp_num() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::qp_num"));
-    return core_->id->qp->qp_num;
-  }
+  expected<std::uint32_t> qp_num() const noexcept;
   /// The queue pair, for the data path. Errors: inval when empty.
   expected<ibv_qp*> qp() const noexcept {
     if (!core_) return detail::fail(detail::moved_from("Conn::qp"));
@@ -204,30 +140,17 @@ class Conn {
   /// has a receive CQ (librpma's rpma_conn_get_cq). Valid while the Conn lives. Without
   /// ConnConfig::completion_channel it has no channel: poll it with Cq::get (waits are inval).
   /// Errors: inval when empty.
-  expected<Cq> cq() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::cq"));
-    return Cq(core_->cq.get(), core_->comp_channel.get(), core_->config.shared_completion_channel, &core_->path);
-  }
+  expected<Cq> cq() const noexcept;
   /// The receive completion queue: the connection's own (ConnConfig::rcq_size > 0), or its
   /// shared receive queue's; an empty Cq when receive completions go to cq()
   /// (librpma's rpma_conn_get_rcq giving NULL). Errors: inval when empty.
-  expected<Cq> rcq() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::rcq"));
-    const bool shared = core_->config.shared_completion_channel && core_->rcq;
-    return Cq(core_->receive_cq(), core_->receive_channel(), shared, core_->rcq ? &core_->path : nullptr);
-  }
+  expected<Cq> rcq() const noexcept;
   /// The shared completion channel's fd (ConnConfig::shared_completion_channel), for
   /// poll/epoll; readable when either queue has a completion event (librpma's
   /// rpma_conn_get_compl_fd). Errors: inval when empty or without completion channels
   /// (ConnConfig::completion_channel false); not_shared_chnl when the queues have their own
   /// channels.
-  expected<int> completion_fd() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::completion_fd"));
-    if (!core_->config.completion_channel) return detail::fail(detail::no_completion_channel("Conn::completion_fd"));
-    if (!core_->config.shared_completion_channel)
-      return detail::fail(not_shared("Conn::completion_fd"));
-    return core_->comp_channel->fd;
-  }
+  expected<int> completion_fd() const noexcept;
   /// Waits for a completion event on the shared completion channel, acknowledges it,
   /// re-arms the queue it was for and returns that queue (cq() or rcq()); read its
   /// completions with Cq::get (librpma's rpma_conn_wait). A signal does not end the wait.
@@ -249,11 +172,7 @@ class Conn {
   /// Applies the peer's configuration (librpma's rpma_conn_apply_remote_peer_cfg): with
   /// direct_write_to_pmem, flush(FlushType::persistent) becomes possible.
   /// Errors: inval when empty.
-  expected<void> apply_remote_peer_config(const PeerConfig& config) noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::apply_remote_peer_config"));
-    core_->direct_write_to_pmem = config.direct_write_to_pmem;
-    return {};
-  }
+  expected<void> apply_remote_peer_config(const PeerConfig& config) noexcept;
 
   // ---- the data path (librpma's rpma_read, rpma_write, ...). Each operation checks its
   // arguments before posting anything: the local range within `MrLocal` (registered on this
@@ -365,31 +284,17 @@ class Conn {
 
   /// The other side's numeric address; a link-local IPv6 one with its scope
   /// ("fe80::1%eth0"), so it can be passed to ConnReq::to. Errors: inval when empty; nomem.
-  expected<std::string> peer_address() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::peer_address"));
-    return detail::no_throw("Conn::peer_address", [&]() -> expected<std::string> {
-      return detail::peer_address_of(core_->id.get());
-    });
-  }
+  expected<std::string> peer_address() const noexcept;
   /// The other side's port. Errors: inval when empty.
-  expected<std::uint16_t> peer_port() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::peer_port"));
-    return detail::port_of(rdma_get_peer_addr(core_->id.get()));
-  }
+  expected<std::uint16_t> peer_port() const noexcept;
   /// The RDMA device the connection runs on, e.g. "rxe0"; the view is valid while the
   /// Conn lives. Errors: inval when empty.
-  expected<std::string_view> device() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::device"));
-    return std::string_view(core_->device);
-  }
+  expected<std::string_view> device() const noexcept;
   /// The Peer whose protection domain the connection's queue pair is on: the one it was
   /// made from, or its own with ConnConfig::own_protection_domain (register this
   /// connection's memory there). The handle shares the domain, which lives while any user
   /// does. Errors: inval when empty.
-  expected<Peer> peer() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::peer"));
-    return Peer::of(core_->peer);
-  }
+  expected<Peer> peer() const noexcept;
 
   /// Starts disconnecting. The peer sees ConnEvent::closed; this side sees closed once the
   /// peer has also called disconnect() (or destroyed its connection), or after the CM's
@@ -399,34 +304,20 @@ class Conn {
   /// error state and returns success, and the peer may never see closed (seen on rxe when a
   /// client's message was answered before the server's ESTABLISHED arrived).
   /// Errors: inval when empty; provider: rdma_disconnect failed.
-  expected<void> disconnect() noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::disconnect"));
-    errno = 0;
-    if (detail::provider().disconnect(core_->id.get()) != 0)
-      return detail::fail(detail::provider_error_in("Conn::disconnect", "rdma_disconnect", errno));
-    return {};
-  }
+  expected<void> disconnect() noexcept;
 
   /// Releases the queue pair, completion queues, cm_id and event channel (consumes the
   /// Conn: it is empty afterwards, whatever the result) and returns the first failure.
   /// Errors: inval when empty; provider: ibv_destroy_qp, ibv_destroy_cq,
   /// ibv_destroy_comp_channel or rdma_destroy_id failed (the rest is still released;
   /// failures after the first are logged, notice).
-  expected<void> close() && noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::close"));
-    auto core = std::move(core_);
-    auto closed = detail::close_core(*core, {"Conn::close", LogLevel::warning});
-    detail::name_in(closed, "Conn::close");
-    return closed;
-  }
+  expected<void> close() && noexcept;
 
  private:
   friend struct detail::LoopAccess;
   friend class ConnReq;
   friend class Grant;
-  explicit Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept : core_(std::move(core)) {
-    core_->teardown = {"Conn::~Conn", LogLevel::warning};
-  }
+  explicit Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept;
 
   static Error not_shared(const char* call) noexcept {
     return Error(errc::not_shared_chnl, 0, call,
@@ -459,3 +350,7 @@ class Conn {
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/conn.ipp>
+#endif

@@ -63,16 +63,8 @@ struct ConnectionCore {
 
   /// The receive CQ, its channel: the connection's own, the shared receive queue's, or
   /// none (receive completions go to the main CQ).
-  ibv_cq* receive_cq() const noexcept {
-    if (rcq) return rcq.get();
-    if (srq && srq->rcq) return srq->rcq.get();
-    return nullptr;
-  }
-  ibv_comp_channel* receive_channel() const noexcept {
-    if (rcq) return rcq_channel ? rcq_channel.get() : comp_channel.get();
-    if (srq && srq->rcq) return srq->channel.get();
-    return nullptr;
-  }
+  ibv_cq* receive_cq() const noexcept;
+  ibv_comp_channel* receive_channel() const noexcept;
 };
 
 /// Whether `core`'s event channel comes from and goes back to its peer's spares
@@ -94,91 +86,14 @@ inline bool reuses_cqs(const ConnectionCore& core) noexcept {
 /// pair survived a failed ibv_destroy_qp is never kept (that queue pair could still complete
 /// work into it): it is destroyed, which the kernel refuses (EBUSY) while the queue pair
 /// holds it, so it stays with that queue pair.
-inline void release_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_t size,
-                       bool qp_survived, FirstError& first) noexcept {
-  const Provider& p = *core.seam;
-  if (reuses_cqs(core) && !qp_survived) {
-    ibv_wc left[16];
-    int n = 0;
-    while ((n = p.poll_cq(cq, 16, left)) > 0) {
-    }
-    if (n >= 0 && core.peer->keep_spare_cq(cq, size, core.config.completion_vector)) return;
-  }
-  first.value_call(p.destroy_cq(cq), "ibv_destroy_cq");
-}
+void release_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_t size,
+                bool qp_survived, FirstError& first) noexcept;
 
 /// Releases everything `core` owns, in teardown order, reporting the first failure (the
 /// later ones are logged, see FirstError).
-inline expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
-  core.watchers.notify();
-  const Provider& p = *core.seam;
-  FirstError first{by};
-  // the windows first: each holds the queue pair it is bound to (rxe's ibv_destroy_qp
-  // would wait for them)
-  core.grants.revoke_all(first);
-  bool qp_survived = false;
-  if (core.qp) {
-    const int destroyed = p.destroy_qp(core.qp.release());
-    qp_survived = destroyed != 0;
-    first.value_call(destroyed, "ibv_destroy_qp");
-  }
-  if (core.rcq) release_cq(core, core.rcq.release(), core.config.rcq_size, qp_survived, first);
-  if (core.cq) release_cq(core, core.cq.release(), core.config.cq_size, qp_survived, first);
-  if (core.rcq_channel)
-    first.value_call(p.destroy_comp_channel(core.rcq_channel.release()),
-                     "ibv_destroy_comp_channel");
-  if (core.comp_channel)
-    first.value_call(p.destroy_comp_channel(core.comp_channel.release()),
-                     "ibv_destroy_comp_channel");
-  bool channel_empty = true;  // no cm_id left on it: it may be reused
-  if (core.id) {
-    errno = 0;
-    if (core.id.get_deleter().reject_first)
-      first.errno_call(p.reject(core.id.get(), nullptr, 0), "rdma_reject");
-    errno = 0;
-    const int destroyed = p.destroy_id(core.id.release());
-    channel_empty = destroyed == 0;
-    first.errno_call(destroyed, "rdma_destroy_id");
-  }
-  if (core.channel) {
-    rdma_event_channel* channel = core.channel.release();
-    if (!channel_empty || !reuses_channels(core) || !core.peer->keep_spare_channel(channel))
-      p.destroy_event_channel(channel);
-  }
-  core.srq.reset();
-  core.peer.reset();
-  return first.result();
-}
+expected<void> close_core(ConnectionCore& core, Teardown by) noexcept;
 
-inline ConnectionCore::~ConnectionCore() {
-  if (auto closed = close_core(*this, teardown); !closed) [[unlikely]]
-    log(teardown.level, teardown.where, closed.error());
-}
-
-inline expected<void> check_config(const char* call, const ConnConfig& cfg) noexcept {
-  if (cfg.cq_size == 0 || cfg.sq_size == 0 || cfg.rq_size == 0)
-    return fail(invalid(call, "cq_size, sq_size and rq_size must be at least 1"));
-  if (cfg.cq_size > 0x7fffffffu || cfg.rcq_size > 0x7fffffffu)
-    return fail(invalid(call, "cq_size and rcq_size must fit in an int"));
-  if (cfg.retry_count > 7 || cfg.rnr_retry_count > 7)
-    return fail(invalid(call, "retry_count and rnr_retry_count must be in 0..7"));
-  if (cfg.timeout.count() <= 0 || cfg.timeout.count() > 0x7fffffff)
-    return fail(invalid(call, "timeout must be positive and fit in an int of ms"));
-  if (cfg.max_sge == 0) return fail(invalid(call, "max_sge must be at least 1"));
-  if (cfg.completion_vector < 0) return fail(invalid(call, "completion_vector must not be negative"));
-  if (cfg.srq != nullptr && !*cfg.srq)
-    return fail(invalid(call, "srq points at an empty Srq (moved from or closed)"));
-  if (cfg.shared_completion_channel && !cfg.completion_channel)
-    return fail(invalid(call, "shared_completion_channel needs a completion channel "
-                              "(completion_channel is false)"));
-  if (cfg.own_protection_domain && cfg.srq != nullptr)
-    return fail(invalid(call, "a shared receive queue is on its Peer's protection domain: a "
-                              "connection with its own (own_protection_domain) cannot use one"));
-  if (cfg.reuse_completion_queues && cfg.completion_channel)
-    return fail(invalid(call, "reuse_completion_queues needs CQs without a completion channel "
-                              "(set completion_channel to false)"));
-  return {};
-}
+expected<void> check_config(const char* call, const ConnConfig& cfg) noexcept;
 
 /// ConnConfig::srq's queue: what a config kept for later requests (EventLoop::serve,
 /// co_await next_conn_req) holds instead of the pointer, so that the Srq handle may be
@@ -192,176 +107,51 @@ inline std::shared_ptr<SrqState> srq_of(const ConnConfig& cfg) noexcept {
 /// nothing), so that the queue outlives the connection whatever happens to the Srq handle.
 /// Errors: inval: the queue is on another Peer than the connection's, or has its own CQ
 /// while the connection wants a shared completion channel (librpma's rule).
-inline expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg,
-                                 const std::shared_ptr<SrqState>& srq) noexcept {
-  if (!srq) return {};
-  if (srq->peer->pd.get() != core.peer->pd.get())
-    return fail(invalid(call, "the shared receive queue belongs to another Peer than the connection's"));
-  if (cfg.shared_completion_channel && srq->rcq)
-    return fail(invalid(call, "a shared completion channel cannot carry the receive completions of a "
-                              "shared receive queue with its own CQ (as librpma)"));
-  core.srq = srq;
-  return {};
-}
+expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg,
+                          const std::shared_ptr<SrqState>& srq) noexcept;
 
 /// Gives `core` (its peer and config set) its rdma_cm event channel: one of the peer's
 /// spares with ConnConfig::reuse_event_channel, else a new non-blocking one.
 /// Errors: provider (rdma_create_event_channel, fcntl).
-inline expected<void> open_event_channel(ConnectionCore& core) noexcept {
-  if (reuses_channels(core)) {
-    if (rdma_event_channel* spare = core.peer->take_spare_channel()) {
-      core.channel.reset(spare);
-      return {};
-    }
-  }
-  errno = 0;
-  core.channel.reset(provider().create_event_channel());
-  if (!core.channel) return fail(provider_error("rdma_create_event_channel", errno));
-  auto made = make_nonblocking(core.channel.get());
-  if (!made) core.channel.reset();  // never kept as a spare: a blocking read would hang
-  return made;
-}
+expected<void> open_event_channel(ConnectionCore& core) noexcept;
 
 /// A completion channel for a CQ. Errors: provider (ibv_create_comp_channel).
-inline expected<void> make_comp_channel(CompChannel& out, ibv_context* verbs) noexcept {
-  errno = 0;
-  out.reset(provider().create_comp_channel(verbs));
-  if (!out) return fail(provider_error("ibv_create_comp_channel", errno));
-  return {};
-}
+expected<void> make_comp_channel(CompChannel& out, ibv_context* verbs) noexcept;
 
 /// A CQ on `channel`, armed for its first completion event; without a channel (null), a
 /// CQ that is only polled, not armed.
 /// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
-inline expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uint32_t size,
-                              ibv_comp_channel* channel, int vector) noexcept {
-  const Provider& p = provider();
-  errno = 0;
-  out.reset(p.create_cq(verbs, static_cast<int>(size), nullptr, channel, vector));
-  if (!out) return fail(provider_error("ibv_create_cq", errno));
-  if (channel == nullptr) return {};
-  if (int rc = p.req_notify_cq(out.get(), 0); rc != 0)
-    return fail(provider_error("ibv_req_notify_cq", rc));
-  return {};
-}
+expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uint32_t size,
+                       ibv_comp_channel* channel, int vector) noexcept;
 
 /// A CQ of `size` entries for `core` on `channel` (null without completion_channel): one of
 /// its peer's spares with reuse_completion_queues (which has no channel), else a new one.
 /// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
-inline expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size,
-                              ibv_comp_channel* channel) noexcept {
-  if (reuses_cqs(core)) {
-    if (ibv_cq* spare = core.peer->take_spare_cq(size, core.config.completion_vector)) {
-      out.reset(spare);
-      return {};
-    }
-  }
-  return make_cq(out, core.id->verbs, size, channel, core.config.completion_vector);
-}
+expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size,
+                       ibv_comp_channel* channel) noexcept;
 
-inline expected<void> check_private_data(const char* call, std::span<const std::byte> data,
-                                         std::size_t limit, const char* what) noexcept {
-  if (data.size() > limit)
-    return fail(invalid(call, "{} private data is {} bytes, more than the {} RDMA_PS_TCP allows",
-                        what, data.size(), limit));
-  return {};
-}
+expected<void> check_private_data(const char* call, std::span<const std::byte> data,
+                                  std::size_t limit, const char* what) noexcept;
 
 /// Creates the completion channel(s), CQ(s) and queue pair of `core->id` on `core->peer`
 /// (and its shared receive queue, core->srq): the CQ with its own channel; a receive CQ
 /// (rcq_size > 0, and no shared receive queue with a CQ of its own) with its own channel or
 /// the shared one. Without completion_channel, no channel: the CQs are only polled.
-inline expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg) noexcept {
-  ibv_context* verbs = core.id->verbs;
-  if (cfg.completion_vector > 0 && cfg.completion_vector >= verbs->num_comp_vectors)
-    return fail(invalid("ConnConfig", "completion_vector {} is not below the device's {} vectors",
-                        cfg.completion_vector, verbs->num_comp_vectors));
-  if (cfg.completion_channel)
-    if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
-  if (auto ok = open_cq(core, core.cq, cfg.cq_size, core.comp_channel.get()); !ok) return ok;
-  const bool srq_has_cq = core.srq && core.srq->rcq;
-  if (cfg.rcq_size > 0 && !srq_has_cq) {
-    ibv_comp_channel* channel = core.comp_channel.get();
-    if (cfg.completion_channel && !cfg.shared_completion_channel) {
-      if (auto ok = make_comp_channel(core.rcq_channel, verbs); !ok) return ok;
-      channel = core.rcq_channel.get();
-    }
-    if (auto ok = open_cq(core, core.rcq, cfg.rcq_size, channel); !ok) return ok;
-  }
-  ibv_qp_init_attr_ex attr{};
-  attr.send_cq = core.cq.get();
-  ibv_cq* receive = core.receive_cq();
-  attr.recv_cq = receive != nullptr ? receive : core.cq.get();
-  attr.srq = core.srq ? core.srq->srq.get() : nullptr;
-  attr.cap.max_send_wr = cfg.sq_size;
-  attr.cap.max_recv_wr = core.srq ? 0 : cfg.rq_size;
-  attr.cap.max_send_sge = cfg.max_sge;
-  attr.cap.max_recv_sge = cfg.max_sge;
-  attr.cap.max_inline_data = cfg.max_inline_data;
-  attr.qp_type = IBV_QPT_RC;
-  attr.sq_sig_all = 0;
-  const Provider& p = provider();
-  errno = 0;
-  if (core.peer->native_atomic_write || core.peer->native_flush) {
-    // librpma's way: the extended QP with native atomic writes and flushes; the rest still
-    // posts through ibv_post_send.
-    attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    attr.pd = core.peer->pd.get();
-    const std::uint64_t none = 0;
-    attr.send_ops_flags =
-        (core.peer->native_atomic_write ? static_cast<std::uint64_t>(IBV_QP_EX_WITH_ATOMIC_WRITE) : none) |
-        (core.peer->native_flush ? native_flush_abi::qp_ex_with_flush : none);
-    if (p.create_qp_ex(core.id.get(), &attr) != 0)
-      return fail(provider_error("rdma_create_qp_ex", errno));
-  } else {
-    ibv_qp_init_attr plain{};
-    plain.send_cq = attr.send_cq;
-    plain.recv_cq = attr.recv_cq;
-    plain.srq = attr.srq;
-    plain.cap = attr.cap;
-    plain.qp_type = attr.qp_type;
-    plain.sq_sig_all = attr.sq_sig_all;
-    if (p.create_qp(core.id.get(), core.peer->pd.get(), &plain) != 0)
-      return fail(provider_error("rdma_create_qp", errno));
-    attr.cap = plain.cap;
-  }
-  core.qp.reset(core.id.get());
-  core.max_inline_data = attr.cap.max_inline_data;
-  return {};
-}
+expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg) noexcept;
 
-inline rdma_conn_param conn_param(std::span<const std::byte> private_data,
-                                  const ConnConfig& cfg) noexcept {
-  rdma_conn_param param{};
-  param.private_data = private_data.empty() ? nullptr : private_data.data();
-  param.private_data_len = static_cast<std::uint8_t>(private_data.size());
-  param.responder_resources = RDMA_MAX_RESP_RES;
-  param.initiator_depth = RDMA_MAX_INIT_DEPTH;
-  param.flow_control = 1;
-  param.retry_count = cfg.retry_count;
-  param.rnr_retry_count = cfg.rnr_retry_count;
-  return param;
-}
+rdma_conn_param conn_param(std::span<const std::byte> private_data,
+                           const ConnConfig& cfg) noexcept;
 
 /// Copies the private data an event carries (rdma_cm pads it to the protocol's size).
-inline void store_private_data(std::vector<std::byte>& out, const rdma_cm_event& event) {
-  const auto* data = static_cast<const std::byte*>(event.param.conn.private_data);
-  if (data == nullptr) {
-    out.clear();
-    return;
-  }
-  out.assign(data, data + event.param.conn.private_data_len);
-}
+void store_private_data(std::vector<std::byte>& out, const rdma_cm_event& event);
 
 /// Copies `from` into the caller's buffer; nothing is written on failure.
-inline expected<std::size_t> copy_out(const char* call, std::span<const std::byte> from,
-                                      std::span<std::byte> to) noexcept {
-  if (to.size() < from.size())
-    return fail(invalid(call, "buffer of {} bytes is too small for {} bytes", to.size(),
-                        from.size()));
-  std::copy(from.begin(), from.end(), to.begin());
-  return from.size();
-}
+expected<std::size_t> copy_out(const char* call, std::span<const std::byte> from,
+                               std::span<std::byte> to) noexcept;
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/detail_connection.ipp>
+#endif

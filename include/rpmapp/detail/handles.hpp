@@ -30,18 +30,9 @@ struct Teardown {
 };
 
 /// Reports a failed release: `rc` as librdmacm returns it (-1 and errno).
-inline void log_errno_release(const Teardown& by, int rc, const char* call) noexcept {
-  if (rc != 0) [[unlikely]] {
-    const int e = errno;
-    if (log_enabled(by.level)) log(by.level, by.where, provider_error(call, e));
-  }
-}
+void log_errno_release(const Teardown& by, int rc, const char* call) noexcept;
 /// As above, for libibverbs' destroy calls (which return the errno value).
-inline void log_value_release(const Teardown& by, int rc, const char* call) noexcept {
-  if (rc != 0) [[unlikely]] {
-    if (log_enabled(by.level)) log(by.level, by.where, provider_error(call, rc));
-  }
-}
+void log_value_release(const Teardown& by, int rc, const char* call) noexcept;
 
 /// One level less severe than `level` (debug stays debug).
 constexpr LogLevel less_severe(LogLevel level) noexcept {
@@ -65,13 +56,7 @@ struct FirstError {
     if (rc != 0) [[unlikely]]
       note(provider_error(call, rc));
   }
-  void note(const Error& e) noexcept {
-    if (!error) {
-      error = e;
-      return;
-    }
-    log(less_severe(by.level), by.where, e);
-  }
+  void note(const Error& e) noexcept;
   expected<void> result() const noexcept {
     if (error) [[unlikely]]
       return fail(*error);
@@ -96,14 +81,7 @@ struct CmIdDeleter {
   bool reject_first = false;
   const Provider* seam = current_provider;
   Teardown by{"detail::CmId", LogLevel::warning};
-  void operator()(rdma_cm_id* id) const noexcept {
-    if (reject_first) {
-      errno = 0;
-      log_errno_release(by, seam->reject(id, nullptr, 0), "rdma_reject");
-    }
-    errno = 0;
-    log_errno_release(by, seam->destroy_id(id), "rdma_destroy_id");
-  }
+  void operator()(rdma_cm_id* id) const noexcept;
 };
 using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
 
@@ -169,3 +147,7 @@ using SharedReceiveQueue = std::unique_ptr<ibv_srq, SrqDeleter>;
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/detail_handles.ipp>
+#endif

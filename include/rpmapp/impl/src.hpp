@@ -14,9 +14,13 @@
 #include <rpmapp/rpmapp.hpp>
 
 // one line per header with definitions under impl/ (sorted)
+#include <rpmapp/impl/conn.ipp>
 #include <rpmapp/impl/conn_req.ipp>
 #include <rpmapp/impl/detail_address.ipp>
+#include <rpmapp/impl/detail_cm_event.ipp>
+#include <rpmapp/impl/detail_connection.ipp>
 #include <rpmapp/impl/detail_device_context.ipp>
+#include <rpmapp/impl/detail_handles.ipp>
 #include <rpmapp/impl/detail_listener.ipp>
 #include <rpmapp/impl/endpoint.ipp>
 #include <rpmapp/impl/mr.ipp>
