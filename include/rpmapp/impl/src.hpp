@@ -14,3 +14,7 @@
 #include <rpmapp/rpmapp.hpp>
 
 // one line per header with definitions under impl/ (sorted)
+#include <rpmapp/impl/detail_handler_waiters.ipp>
+#include <rpmapp/impl/detail_loop_awaiters.ipp>
+#include <rpmapp/impl/detail_loop_core.ipp>
+#include <rpmapp/impl/event_loop.ipp>
