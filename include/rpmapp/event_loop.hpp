@@ -34,13 +34,7 @@ class Registration {
  public:
   Registration() = default;
   Registration(Registration&& other) noexcept : waiter_(std::exchange(other.waiter_, nullptr)) {}
-  Registration& operator=(Registration&& other) noexcept {
-    if (this != &other) {
-      reset();
-      waiter_ = std::exchange(other.waiter_, nullptr);
-    }
-    return *this;
-  }
+  Registration& operator=(Registration&& other) noexcept;
   ~Registration() { reset(); }
 
   /// Unregisters (idempotent).
@@ -93,23 +87,11 @@ class EventLoop {
  public:
   /// Creates the loop's epoll set and eventfd.
   /// Errors: provider (epoll_create1, eventfd, epoll_ctl), nomem.
-  static expected<EventLoop> create() noexcept {
-    return detail::no_throw("EventLoop::create", [&]() -> expected<EventLoop> {
-      auto core = std::make_unique<detail::LoopCore>();
-      if (auto ok = core->open(); !ok) return detail::fail(ok.error());
-      return EventLoop(std::move(core));
-    });
-  }
+  static expected<EventLoop> create() noexcept;
 
   EventLoop(EventLoop&&) noexcept = default;
   /// Assigning over a loop destroys it first (see ~EventLoop).
-  EventLoop& operator=(EventLoop&& other) noexcept {
-    if (this != &other) {
-      release_core();
-      core_ = std::move(other.core_);
-    }
-    return *this;
-  }
+  EventLoop& operator=(EventLoop&& other) noexcept;
   /// Destroys the coroutines the loop owns and leaves the registrations inactive. From one
   /// of the loop's own handlers or coroutines, the loop goes once that handler returns or
   /// that coroutine suspends: nothing else of the round runs, and the run call in progress
@@ -136,21 +118,11 @@ class EventLoop {
   /// do, does what is ready, and returns how many handlers and coroutine steps ran. A
   /// pending stop() is handled as by run() (and returns 0).
   /// Errors: as run().
-  expected<std::size_t> run_once(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
-    constexpr const char* call = "EventLoop::run_once";
-    if (auto ok = check_running(call); !ok) return detail::fail(ok.error());
-    const detail::Deadline deadline(timeout.count() < 0 ? detail::Wait::forever() : detail::Wait::bounded(timeout));
-    bool destroyed = false;  // by a handler: *this may be gone
-    return detail::named(call, detail::run_round(core_.get(), deadline, destroyed));
-  }
+  expected<std::size_t> run_once(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept;
 
   /// Makes run() / run_for() return (run_once: the next one) and cancels the awaiting
   /// coroutines, as described at run(). Thread-safe, async-signal-unsafe.
-  void stop() noexcept {
-    if (!core_) return;
-    core_->stop_requested.store(true);
-    core_->wake();
-  }
+  void stop() noexcept;
   /// Makes a waiting run call look again (e.g. after another thread changed what a handler
   /// will see). Thread-safe.
   void wake() noexcept {
@@ -168,26 +140,7 @@ class EventLoop {
   /// none; a handler given while the listener has its own, unless the same); provider
   /// (epoll_ctl); nomem.
   expected<Registration> serve(Endpoint& endpoint, ConnReqHandler handler = {},
-                               const ConnConfig& config = {}) noexcept {
-    constexpr const char* call = "EventLoop::serve";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    if (!endpoint) return detail::fail(detail::invalid(call, "the endpoint is empty (moved from or shut down)"));
-    if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
-    detail::ListenerState* listener = detail::LoopAccess::listener(endpoint);
-    auto own = std::static_pointer_cast<ConnReqHandler>(listener->handler);
-    if (own && handler)
-      return detail::fail(detail::invalid(call, "the shared listener has its own handler (listen_shared); pass none"));
-    if (!own && !handler) return detail::fail(detail::invalid(call, "no handler: pass one"));
-    return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<detail::ServeWaiter>(config);
-      w->listener = listener;
-      w->shared_handler = std::move(own);
-      w->handler = std::move(handler);
-      if (auto ok = core_->add(*w, listener->channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
-      detail::LoopAccess::link(endpoint).attach(*w);
-      return Registration(w.release());
-    });
-  }
+                               const ConnConfig& config = {}) noexcept;
 
   /// Calls `handler` for each event of `conn` (as Conn::next_event reports them; an error
   /// reading the channel is passed on too). ConnEvent::lost found by a completion (a
@@ -195,21 +148,7 @@ class EventLoop {
   /// loop after the dispatch that read it.
   /// Errors: inval (empty loop or Conn); provider (epoll_ctl: EEXIST if this loop already
   /// watches the Conn); nomem.
-  expected<Registration> watch(Conn& conn, std::function<void(expected<ConnEvent> event)> handler) noexcept {
-    constexpr const char* call = "EventLoop::watch";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    detail::ConnectionCore* core = detail::LoopAccess::core(conn);
-    if (core == nullptr) return detail::fail(detail::invalid(call, "the Conn is empty (moved from or closed)"));
-    if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
-    return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<detail::ConnWaiter>();
-      w->core = core;
-      w->handler = std::move(handler);
-      if (auto ok = core_->add(*w, core->channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
-      core->watchers.attach(*w);
-      return Registration(w.release());
-    });
-  }
+  expected<Registration> watch(Conn& conn, std::function<void(expected<ConnEvent> event)> handler) noexcept;
 
   /// Takes over `pending` and calls `handler` once, when its resolution is over, with the
   /// ready ConnReq or the error (as PendingConnReq::try_wait). Resolution is bounded by
@@ -217,25 +156,7 @@ class EventLoop {
   /// destroying it earlier abandons the request (released).
   /// Errors: inval (empty loop or request; empty handler); provider (epoll_ctl); nomem.
   expected<Registration> resolve(PendingConnReq&& pending,
-                                 std::function<void(expected<ConnReq> request)> handler) noexcept {
-    constexpr const char* call = "EventLoop::resolve";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    if (!pending) return detail::fail(detail::invalid(call, "the request is empty (moved from or consumed)"));
-    if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
-    return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<detail::ResolveWaiter>(std::move(pending));
-      w->handler = std::move(handler);
-      const int fd = detail::LoopAccess::core(w->pending)->channel->fd;
-      if (auto ok = core_->add(*w, fd, EPOLLIN); !ok) {
-        pending = std::move(w->pending);  // loses nothing
-        return detail::fail(ok.error());
-      }
-      // A failed step releases the request inside try_wait: its channel must leave the
-      // epoll set before it is destroyed.
-      detail::LoopAccess::core(w->pending)->watchers.attach(*w);
-      return Registration(w.release());
-    });
-  }
+                                 std::function<void(expected<ConnReq> request)> handler) noexcept;
 
   /// Calls `handler` with the completions of `conn`'s queue `which`, in batches of up to 16
   /// (a span valid during the call), as they arrive. Check each completion's status
@@ -253,28 +174,7 @@ class EventLoop {
   /// channel); nomem.
   expected<Registration> watch_completions(
       Conn& conn, std::function<void(expected<std::span<const ibv_wc>> batch)> handler,
-      CqKind which = CqKind::main) noexcept {
-    constexpr const char* call = "EventLoop::watch_completions";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    detail::ConnectionCore* core = detail::LoopAccess::core(conn);
-    if (core == nullptr) return detail::fail(detail::invalid(call, "the Conn is empty (moved from or closed)"));
-    if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
-    if (!core->config.completion_channel) return detail::fail(detail::no_completion_channel(call));
-    ibv_comp_channel* channel = which == CqKind::main ? core->comp_channel.get() : core->rcq_channel.get();
-    if (channel == nullptr)
-      return detail::fail(detail::invalid(call, "the connection has no receive completion channel of its own "
-                                                "(rcq_size 0, or shared_completion_channel: watch CqKind::main)"));
-    if (auto ok = detail::completion_fds_nonblocking(*core); !ok) return detail::fail(ok.error().name_operation(call));
-    return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<detail::CompletionWaiter>();
-      w->core = core;
-      w->receive = which == CqKind::receive;
-      w->handler = std::move(handler);
-      if (auto ok = core_->add(*w, channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
-      core->watchers.attach(*w);
-      return Registration(w.release());
-    });
-  }
+      CqKind which = CqKind::main) noexcept;
 
   /// Calls `handler` with epoll's event bits whenever `fd` (the user's: a socket, a pipe,
   /// a timerfd...) is ready for `events` (EPOLLIN, EPOLLOUT...; level-triggered). Unregister
@@ -282,18 +182,7 @@ class EventLoop {
   /// Errors: inval (empty loop, negative fd, empty handler); provider (epoll_ctl: EBADF,
   /// EPERM for a regular file, EEXIST when this loop already watches the fd); nomem.
   expected<Registration> watch_fd(int fd, std::uint32_t events,
-                                  std::function<void(std::uint32_t events)> handler) noexcept {
-    constexpr const char* call = "EventLoop::watch_fd";
-    if (!core_) return detail::fail(detail::moved_from(call));
-    if (fd < 0) return detail::fail(detail::invalid(call, "fd {} is negative", fd));
-    if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
-    return detail::no_throw(call, [&]() -> expected<Registration> {
-      auto w = std::make_unique<detail::FdWaiter>();
-      w->handler = std::move(handler);
-      if (auto ok = core_->add(*w, fd, events); !ok) return detail::fail(ok.error());
-      return Registration(w.release());
-    });
-  }
+                                  std::function<void(std::uint32_t events)> handler) noexcept;
 
   // ---- coroutines: co_await these from a coroutine running on this loop (Task and spawn
   // in task.hpp, or any coroutine type resumed only by this loop's thread). Each resumes
@@ -348,43 +237,21 @@ class EventLoop {
 
 
 
-  expected<void> check_running(const char* call) const noexcept {
-    if (!core_) return detail::fail(detail::moved_from(call));
-    if (core_->dispatch_depth > 0)
-      return detail::fail(detail::invalid(call, "called from a handler or coroutine of this loop"));
-    return {};
-  }
+  expected<void> check_running(const char* call) const noexcept;
 
   // Destroys the core, or, inside one of its dispatches, leaves that to the run call.
-  void release_core() noexcept {
-    if (core_ && core_->dispatch_depth > 0) {
-      core_->doomed = true;
-      (void)core_.release();
-    }
-    core_.reset();
-  }
+  void release_core() noexcept;
 
   expected<void> run_until(const char* call, const detail::Deadline& deadline) noexcept {
     return detail::named(call, run_rounds(call, deadline));
   }
-  expected<void> run_rounds(const char* call, const detail::Deadline& deadline) noexcept {
-    if (auto ok = check_running(call); !ok) return ok;
-    detail::LoopCore* core = core_.get();  // a handler may destroy *this: only `core` from here
-    for (;;) {
-      if (core->stop_requested.exchange(false)) {
-        core->cancel_awaiters();
-        if (core->doomed) return detail::LoopCore::destroy_doomed(core);
-        return core->take_failure();
-      }
-      if (deadline.passed()) return core->take_failure();
-      auto ran = core->run_once(deadline);
-      if (core->doomed) return detail::LoopCore::destroy_doomed(core);
-      if (!ran) return detail::fail(ran.error());
-      if (auto failed = core->take_failure(); !failed) return failed;
-    }
-  }
+  expected<void> run_rounds(const char* call, const detail::Deadline& deadline) noexcept;
 
   std::unique_ptr<detail::LoopCore> core_;
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/event_loop.ipp>
+#endif

@@ -5,7 +5,6 @@
 #include <rpmapp/conn.hpp>
 #include <rpmapp/conn_req.hpp>
 #include <rpmapp/cq.hpp>
-#include <rpmapp/detail/channel_queues.hpp>
 #include <rpmapp/detail/loop_awaiters.hpp>
 #include <rpmapp/detail/loop_core.hpp>
 #include <rpmapp/endpoint.hpp>
@@ -40,24 +39,9 @@ struct HandlerWaiter : Waiter {
   /// Still able to call its handler: registered in a loop, its source alive.
   virtual bool active() const noexcept { return slot != no_slot; }
 
-  void ready(std::uint32_t events) final {
-    dispatching = true;
-    struct Done {
-      HandlerWaiter* w;
-      ~Done() {
-        w->dispatching = false;
-        if (w->orphaned) delete w;
-      }
-    } done{this};
-    handle(events);
-  }
+  void ready(std::uint32_t events) final;
   /// The Registration lets go.
-  void release() noexcept {
-    if (loop != nullptr) loop->remove(*this);
-    if (link != nullptr) link->detach(*this);
-    if (dispatching) orphaned = true;
-    else delete this;
-  }
+  void release() noexcept;
   /// Released by its own handler, or its source or loop is gone: stop handling.
   bool done() const noexcept { return orphaned || slot == no_slot; }
   void source_gone() noexcept override {
@@ -73,19 +57,7 @@ struct ServeWaiter final : detail::HandlerWaiter {
   std::shared_ptr<ConnReqHandler> shared_handler;
   ConnReqHandler handler;
   bool active() const noexcept override { return slot != no_slot && link != nullptr; }
-  void handle(std::uint32_t) override {
-    for (int i = 0; i < per_round && !done(); ++i) {
-      // Out of memory building the request is the handler's nomem, not "a handler threw".
-      auto request = detail::no_throw("EventLoop::serve", [&] {
-        return detail::LoopAccess::take_request("EventLoop::serve", *listener, config);
-      });
-      if (!request && request.error() == errc::no_event) return;  // another loop took it
-      // The handler may release this registration: the waiter (and so the handler)
-      // lives until the dispatch is over (HandlerWaiter::ready).
-      if (shared_handler) (*shared_handler)(std::move(request));
-      else handler(std::move(request));
-    }
-  }
+  void handle(std::uint32_t) override;
 };
 
 struct ConnWaiter final : detail::HandlerWaiter {
@@ -96,28 +68,14 @@ struct ConnWaiter final : detail::HandlerWaiter {
   void source_signalled() noexcept override {
     if (loop != nullptr) loop->post_signal(*this);
   }
-  void handle(std::uint32_t) override {
-    for (int i = 0; i < per_round && !done(); ++i) {
-      auto event = detail::next_conn_event("EventLoop::watch", *core, detail::Deadline(detail::Wait::none()));
-      if (!event && event.error() == errc::no_event) return;
-      handler(std::move(event));
-    }
-  }
+  void handle(std::uint32_t) override;
 };
 
 struct ResolveWaiter final : detail::HandlerWaiter {
   explicit ResolveWaiter(PendingConnReq&& p) noexcept : pending(std::move(p)) {}
   PendingConnReq pending;
   std::function<void(expected<ConnReq>)> handler;
-  void handle(std::uint32_t) override {
-    auto request = std::move(pending).try_wait();
-    if (!request && request.error() == errc::no_event && pending) return;  // in progress
-    // A failed step released the request, whose watchers (this) have left the loop then.
-    if (loop != nullptr) loop->remove(*this);
-    if (link != nullptr) link->detach(*this);  // the ConnReq's now
-    auto keep = std::move(handler);
-    keep(detail::named("EventLoop::resolve", std::move(request)));
-  }
+  void handle(std::uint32_t) override;
 };
 
 struct CompletionWaiter final : detail::HandlerWaiter {
@@ -131,43 +89,7 @@ struct CompletionWaiter final : detail::HandlerWaiter {
   // handler throwing, ibv_poll_cq failing, a queue left unarmed) makes the waiter due
   // again in the next round without one (post_next_round). EIO from ibv_get_cq_event (the
   // device is gone: the channel delivers nothing more) ends the registration.
-  void handle(std::uint32_t) override {
-    struct DueAgain {
-      CompletionWaiter* w;
-      bool drained = false;
-      ~DueAgain() {
-        if (!drained && !w->done() && w->loop != nullptr) w->loop->post_next_round(*w);
-      }
-    } due{this};
-    static constexpr const char* call = "EventLoop::watch_completions";
-    detail::ChannelQueues queues(*core, receive);
-    if (auto taken = queues.take_events(); !taken) {
-      if (taken.error().sys_errno() == EIO) {
-        if (loop != nullptr) loop->remove(*this);
-        due.drained = true;
-      }
-      handler(detail::fail(taken.error().name_operation(call)));
-      if (done()) return;
-    }
-    if (auto armed = queues.rearm(); !armed) {
-      handler(detail::fail(armed.error().name_operation(call)));
-      if (done()) return;
-    }
-    ibv_wc wc[completion_batch];
-    for (int round = 0; round < per_round; ++round) {
-      auto n = queues.poll(wc);
-      if (!n) {
-        handler(detail::fail(n.error().name_operation(call)));
-        return;
-      }
-      if (*n == 0) {
-        due.drained = !queues.rearm_pending();
-        return;
-      }
-      handler(std::span<const ibv_wc>(wc, *n));
-      if (done()) return;
-    }
-  }
+  void handle(std::uint32_t) override;
 };
 
 struct FdWaiter final : detail::HandlerWaiter {
@@ -179,3 +101,7 @@ struct FdWaiter final : detail::HandlerWaiter {
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/detail_handler_waiters.ipp>
+#endif

@@ -13,7 +13,6 @@
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
 
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -40,11 +39,7 @@ struct LoopAccess {
   static SourceLink& link(Endpoint& e) noexcept { return e.watchers_; }
   static ConnectionCore* core(const Conn& c) noexcept { return c.core_.get(); }
   static ConnectionCore* core(const PendingConnReq& r) noexcept { return r.core_.get(); }
-  static expected<ConnReq> take_request(const char* call, ListenerState& listener, const KeptConfig& kept) {
-    auto core = accept_request(call, listener, kept.config, kept.srq, Wait::none());
-    if (!core) return fail(core.error());
-    return ConnReq(std::move(*core), true);
-  }
+  static expected<ConnReq> take_request(const char* call, ListenerState& listener, const KeptConfig& kept);
 };
 
 
@@ -78,14 +73,7 @@ class NextConnReqAwaiter final : public Awaiter<NextConnReqAwaiter, expected<Con
         config_ok_(check_config(call(), config)),
         config_(config) {}
 
-  bool attempt() noexcept {
-    if (listener_ == nullptr) return finish(invalid(call(), "the endpoint is empty (moved from or shut down)"));
-    if (!config_ok_) return finish(config_ok_.error());
-    auto request = no_throw(call(), [&] { return LoopAccess::take_request(call(), *listener_, config_); });
-    if (!request && request.error() == errc::no_event) return false;
-    result_.emplace(std::move(request));
-    return true;
-  }
+  bool attempt() noexcept;
   expected<void> watch() noexcept { return watch_fd(listener_->channel->fd, source_); }
   void fail_with(const Error& e) noexcept { result_.emplace(fail(e)); }
   expected<ConnReq> take() noexcept { return std::move(*result_); }
@@ -104,13 +92,7 @@ class NextEventAwaiter final : public Awaiter<NextEventAwaiter, expected<ConnEve
   NextEventAwaiter(LoopCore* core, Conn& conn, std::chrono::milliseconds timeout) noexcept
       : Awaiter(core, "EventLoop::next_event", timeout), conn_(LoopAccess::core(conn)) {}
 
-  bool attempt() noexcept {
-    if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
-    auto event = next_conn_event(call(), *conn_, Deadline(Wait::none()));
-    if (!event && event.error() == errc::no_event) return false;
-    result_ = event;
-    return true;
-  }
+  bool attempt() noexcept;
   expected<void> watch() noexcept { return watch_fd(conn_->channel->fd, &conn_->watchers); }
   void fail_with(const Error& e) noexcept { result_ = fail(e); }
   expected<ConnEvent> take() noexcept { return result_; }
@@ -132,20 +114,7 @@ class ResolveAwaiter final : public Awaiter<ResolveAwaiter, expected<ConnReq>> {
   // Out of the epoll set before pending_ closes the fd it waits on.
   ~ResolveAwaiter() { detach(); }
 
-  bool attempt() noexcept {
-    if (!pending_) return finish(invalid(call(), "the request is empty (moved from or consumed)"));
-    // A failed step releases the request's channel inside try_wait: out of epoll first.
-    const bool watching = slot != no_slot;
-    if (watching) core()->unwatch(*this);
-    auto request = std::move(pending_).try_wait();
-    if (!request && request.error() == errc::no_event && pending_) {
-      if (watching)
-        if (auto ok = watch(); !ok) return finish(ok.error());
-      return false;
-    }
-    result_.emplace(std::move(request));
-    return true;
-  }
+  bool attempt() noexcept;
   expected<void> watch() noexcept { return watch_fd(LoopAccess::core(pending_)->channel->fd, nullptr); }
   void fail_with(const Error& e) noexcept { result_.emplace(fail(e)); }
   expected<ConnReq> take() noexcept { return std::move(*result_); }
@@ -161,61 +130,12 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
  public:
   ConnectAwaiter(LoopCore* core, const Peer& peer, std::string_view addr, std::string_view port,
                  const ConnConfig& config, std::span<const std::byte> private_data,
-                 std::chrono::milliseconds timeout) noexcept
-      : Awaiter(core, "EventLoop::connect", timeout), peer_(&peer), addr_(addr), port_(port), config_(config) {
-    if (private_data.size() > max_connect_private_data) {
-      too_long_ = private_data.size();
-    } else {
-      std::copy(private_data.begin(), private_data.end(), data_.begin());
-      data_size_ = private_data.size();
-    }
-  }
+                 std::chrono::milliseconds timeout) noexcept;
 
   // Out of the epoll set before the request or connection it owns closes the fd.
   ~ConnectAwaiter() { detach(); }
 
-  bool attempt() noexcept {
-    if (stage_ == Stage::start) {
-      if (too_long_ != 0)
-        return finish(invalid(call(), "connect private data is {} bytes, more than the {} RDMA_PS_TCP allows",
-                              too_long_, max_connect_private_data));
-      auto pending = ConnReq::start(*peer_, addr_, port_, config_);
-      if (!pending) return finish(pending.error());
-      pending_.emplace(std::move(*pending));
-      stage_ = Stage::resolving;
-    }
-    if (stage_ == Stage::resolving) {
-      // A failed step releases the request's channel inside try_wait: out of epoll first.
-      const bool watching = slot != no_slot;
-      if (watching) core()->unwatch(*this);
-      auto request = std::move(*pending_).try_wait();
-      if (!request && request.error() == errc::no_event && *pending_) {
-        if (watching)
-          if (auto ok = watch(); !ok) return finish(ok.error());
-        return false;
-      }
-      pending_.reset();
-      if (!request) return finish(request.error());
-      auto conn = std::move(*request).connect(std::span<const std::byte>(data_.data(), data_size_));
-      if (!conn) return finish(conn.error());
-      conn_.emplace(std::move(*conn));
-      stage_ = Stage::establishing;
-      // Waiting (not in await_ready): now on the connection's channel.
-      if (watching)
-        if (auto ok = watch(); !ok) return finish(ok.error());
-    }
-    auto event = next_conn_event(call(), *LoopAccess::core(*conn_), Deadline(Wait::none()));
-    if (!event && event.error() == errc::no_event) return false;
-    if (!event) return finish(event.error());
-    switch (*event) {
-      case ConnEvent::established: stage_ = Stage::done; return true;
-      case ConnEvent::rejected: return finish(Error(errc::provider, ECONNREFUSED, "rdma_connect", "the peer rejected the request"));
-      case ConnEvent::unreachable: return finish(Error(errc::provider, EHOSTUNREACH, "rdma_connect", "the peer is unreachable"));
-      default:
-        return finish(make_error(errc::provider, ECONNRESET, "rdma_connect", "the connection ended before it was established ({})",
-                                 to_string(*event)));
-    }
-  }
+  bool attempt() noexcept;
   expected<void> watch() noexcept {
     if (stage_ == Stage::resolving) return watch_fd(LoopAccess::core(*pending_)->channel->fd, nullptr);
     return watch_fd(LoopAccess::core(*conn_)->channel->fd, nullptr);
@@ -310,3 +230,7 @@ class SleepAwaiter final : public Awaiter<SleepAwaiter, expected<void>> {
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/detail_loop_awaiters.ipp>
+#endif

@@ -20,8 +20,12 @@
 #include <rpmapp/impl/detail_cm_event.ipp>
 #include <rpmapp/impl/detail_connection.ipp>
 #include <rpmapp/impl/detail_device_context.ipp>
+#include <rpmapp/impl/detail_handler_waiters.ipp>
 #include <rpmapp/impl/detail_handles.ipp>
 #include <rpmapp/impl/detail_listener.ipp>
+#include <rpmapp/impl/detail_loop_awaiters.ipp>
+#include <rpmapp/impl/detail_loop_core.ipp>
 #include <rpmapp/impl/endpoint.ipp>
+#include <rpmapp/impl/event_loop.ipp>
 #include <rpmapp/impl/mr.ipp>
 #include <rpmapp/impl/peer.ipp>
