@@ -14,3 +14,13 @@
 #include <rpmapp/rpmapp.hpp>
 
 // one line per header with definitions under impl/ (sorted)
+#include <rpmapp/impl/common_data.ipp>
+#include <rpmapp/impl/cq.ipp>
+#include <rpmapp/impl/detail_errors.ipp>
+#include <rpmapp/impl/detail_format.ipp>
+#include <rpmapp/impl/detail_grants.ipp>
+#include <rpmapp/impl/error.ipp>
+#include <rpmapp/impl/grant.ipp>
+#include <rpmapp/impl/log.ipp>
+#include <rpmapp/impl/peer_config.ipp>
+#include <rpmapp/impl/srq.ipp>
