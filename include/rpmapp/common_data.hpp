@@ -11,7 +11,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <span>
 
@@ -32,41 +31,17 @@ struct CommonData {
   /// descriptor, then `config`'s when given (as librpma's examples do).
   /// Errors: inval when `mr` is empty.
   static expected<CommonData> describe(const MrLocal& mr, std::uint16_t data_offset = 0,
-                                       std::optional<PeerConfig> config = std::nullopt) noexcept {
-    auto region = mr.descriptor();
-    if (!region) return detail::named("CommonData::describe", expected<CommonData>(detail::fail(region.error())));
-    return describe(*region, data_offset, config);
-  }
+                                       std::optional<PeerConfig> config = std::nullopt) noexcept;
 
   /// As above, for a region's descriptor already made, e.g. a Grant's (Grant::descriptor(),
   /// sent in a message once the connection is established). Cannot fail.
   static CommonData describe(const MrDescriptor& region, std::uint16_t data_offset = 0,
-                             std::optional<PeerConfig> config = std::nullopt) noexcept {
-    CommonData data;
-    data.data_offset = data_offset;
-    std::memcpy(data.descriptors.data(), region.data(), region.size());
-    data.mr_desc_size = static_cast<std::uint8_t>(region.size());
-    if (config) {
-      const auto pcfg = config->descriptor();
-      std::memcpy(data.descriptors.data() + region.size(), pcfg.data(), pcfg.size());
-      data.pcfg_desc_size = static_cast<std::uint8_t>(pcfg.size());
-    }
-    return data;
-  }
+                             std::optional<PeerConfig> config = std::nullopt) noexcept;
 
   /// Reads one from a peer's private data (untrusted bytes; rdma_cm pads private data with
   /// zeros, so it may be longer than 28 bytes). Errors: inval when `private_data` is shorter
   /// than 28 bytes, or its descriptor sizes add up to more than `descriptors` holds.
-  static expected<CommonData> from_private_data(std::span<const std::byte> private_data) noexcept {
-    constexpr const char* call = "CommonData::from_private_data";
-    if (private_data.size() < sizeof(CommonData))
-      return detail::fail(detail::invalid(call, "private data of {} bytes is shorter than librpma's {}-byte common_data",
-                                          private_data.size(), sizeof(CommonData)));
-    CommonData parsed;
-    std::memcpy(&parsed, private_data.data(), sizeof parsed);
-    if (auto ok = parsed.check_sizes(call); !ok) return detail::fail(ok.error());
-    return parsed;
-  }
+  static expected<CommonData> from_private_data(std::span<const std::byte> private_data) noexcept;
 
   /// Its 28 bytes, for ConnReq::connect (and librpma's rpma_conn_req_connect).
   std::span<const std::byte> bytes() const noexcept {
@@ -84,14 +59,7 @@ struct CommonData {
   /// The peer configuration after the region's descriptor; nullopt when it has none
   /// (pcfg_desc_size 0). Errors: inval as PeerConfig::from_descriptor, or when the sizes
   /// exceed `descriptors`.
-  expected<std::optional<PeerConfig>> peer_config() const noexcept {
-    if (auto ok = check_sizes("CommonData::peer_config"); !ok) return detail::fail(ok.error());
-    if (pcfg_desc_size == 0) return std::optional<PeerConfig>();
-    auto config = PeerConfig::from_descriptor(
-        std::span<const std::byte>(descriptors).subspan(mr_desc_size, pcfg_desc_size));
-    if (!config) return detail::fail(config.error());
-    return std::optional<PeerConfig>(*config);
-  }
+  expected<std::optional<PeerConfig>> peer_config() const noexcept;
 
  private:
   expected<void> check_sizes(const char* call) const noexcept {
@@ -107,3 +75,7 @@ static_assert(offsetof(CommonData, mr_desc_size) == 2 && offsetof(CommonData, pc
               offsetof(CommonData, descriptors) == 4);
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/common_data.ipp>
+#endif

@@ -119,10 +119,7 @@ inline expected<ibv_cq*> next_cq_event(ibv_comp_channel* channel, const Deadline
 }
 
 /// The inval of a wait on a connection made without completion channels.
-inline Error no_completion_channel(const char* call) noexcept {
-  return invalid(call, "the connection has no completion channel (ConnConfig::completion_channel is false): "
-                       "poll with Cq::get");
-}
+Error no_completion_channel(const char* call) noexcept;
 
 /// Asks for the next completion event of `cq`. Errors: provider (ibv_req_notify_cq).
 inline expected<void> rearm(ibv_cq* cq) noexcept {
@@ -134,10 +131,7 @@ inline expected<void> rearm(ibv_cq* cq) noexcept {
 /// What ibv_poll_cq returning `n` (negative, or more than the `room` it was given) means:
 /// ibverbs sets no errno there, providers return -1 or a negative code, so the value itself
 /// is reported (errno 0).
-inline Error poll_error(int n, std::size_t room) noexcept {
-  if (n < 0) return make_error(errc::provider, 0, "ibv_poll_cq", "returned {}", n);
-  return make_error(errc::unknown, 0, "ibv_poll_cq", "returned {} completions for room for {}", n, room);
-}
+Error poll_error(int n, std::size_t room) noexcept;
 
 }  // namespace detail
 
@@ -165,11 +159,7 @@ class Cq {
   /// pending; then call wait() or try_wait(), which acknowledge it and re-arm the queue).
   /// The fd may be made non-blocking; rpmapp polls before reading either way.
   /// Errors: inval when empty or when the queue has no completion channel.
-  expected<int> fd() const noexcept {
-    if (!cq_) return detail::fail(empty("Cq::fd"));
-    if (!channel_) return detail::fail(detail::no_completion_channel("Cq::fd"));
-    return channel_->fd;
-  }
+  expected<int> fd() const noexcept;
 
   /// Waits for the queue's next completion event, acknowledges it and re-arms the queue
   /// (librpma's rpma_cq_wait). Completions are then read with get(). A signal does not end
@@ -300,3 +290,7 @@ class Cq {
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/cq.ipp>
+#endif

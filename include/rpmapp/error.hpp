@@ -1,7 +1,6 @@
 // rpmapp::Error and rpmapp::errc: what every fallible call returns on failure.
 #pragma once
 
-#include <rpmapp/detail/format.hpp>
 #include <rpmapp/expected.hpp>
 #include <rpmapp/version.hpp>
 
@@ -54,16 +53,7 @@ constexpr std::string_view to_string(errc code) noexcept {
 }
 
 /// The std::error_category of errc ("rpmapp").
-inline const std::error_category& rpmapp_category() noexcept {
-  struct category final : std::error_category {
-    const char* name() const noexcept override { return "rpmapp"; }
-    std::string message(int value) const override {
-      return std::string(to_string(static_cast<errc>(value)));
-    }
-  };
-  static const category instance;
-  return instance;
-}
+const std::error_category& rpmapp_category() noexcept;
 
 inline std::error_code make_error_code(errc code) noexcept {
   return {static_cast<int>(code), rpmapp_category()};
@@ -71,7 +61,7 @@ inline std::error_code make_error_code(errc code) noexcept {
 
 class Error;
 namespace detail {
-inline std::size_t write_message(const Error& error, char* buffer, std::size_t room) noexcept;
+std::size_t write_message(const Error& error, char* buffer, std::size_t room) noexcept;
 }
 
 /// A failure: the errc, the provider's errno where a provider call failed (0 otherwise),
@@ -123,16 +113,7 @@ class Error {
   /// its arguments) or not named.
   /// Example: "Endpoint::listen: rdma_listen: provider error: Address already in use
   /// (errno 98)".
-  std::string message() const {
-    std::string text(max_message, '\0');
-    std::size_t size = detail::write_message(*this, text.data(), text.size());
-    if (size > text.size()) {  // a longer strerror text than any known
-      text.resize(size);
-      size = detail::write_message(*this, text.data(), text.size());
-    }
-    text.resize(size);
-    return text;
-  }
+  std::string message() const;
 
   std::error_code error_code() const noexcept { return make_error_code(code_); }
   /// The provider's errno as a std::system_category code (value 0 when there is none).
@@ -183,31 +164,7 @@ inline const char* pick_strerror(int xsi_result, char* buf) noexcept {
 
 /// Error::message()'s text into [buffer, buffer + room), cut off there (never allocates).
 /// Returns the whole length.
-inline std::size_t write_message(const Error& error, char* buffer, std::size_t room) noexcept {
-  BoundedWriter out(buffer, room);
-  if (!error.operation().empty() && error.operation() != error.call()) {
-    out.put(error.operation());
-    out.put(": ");
-  }
-  if (!error.call().empty()) {
-    out.put(error.call());
-    out.put(": ");
-  }
-  out.put(to_string(error.code()));
-  if (const int e = error.sys_errno(); e != 0) {
-    char buf[128];
-    out.put(": ");
-    out.put(std::string_view(pick_strerror(strerror_r(e, buf, sizeof buf), buf)));
-    out.put(" (errno ");
-    out.put_number(e < 0, e < 0 ? 0u - static_cast<unsigned>(e) : static_cast<unsigned>(e), 10, 0);
-    out.put(')');
-  }
-  if (!error.reason().empty()) {
-    out.put(": ");
-    out.put(error.reason());
-  }
-  return out.size();
-}
+std::size_t write_message(const Error& error, char* buffer, std::size_t room) noexcept;
 }  // namespace detail
 
 RPMAPP_END_NAMESPACE
@@ -265,3 +222,7 @@ template <> struct fmt::formatter<rpmapp::errc> {
   char spec_[32] = {'{', ':'};
   std::size_t size_ = 2;
 };
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/error.ipp>
+#endif

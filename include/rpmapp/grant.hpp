@@ -2,7 +2,6 @@
 #pragma once
 
 #include <rpmapp/conn.hpp>
-#include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/grants.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/mr.hpp>
@@ -73,53 +72,14 @@ class Grant {
   /// granted on several connections at once.
   static expected<Grant> make(Conn& conn, const MrLocal& region, std::size_t offset,
                               std::size_t len, MrUsage usage,
-                              std::uint64_t context = bind_wr_id) noexcept {
-    constexpr const char* call = "Grant::make";
-    if (!conn) return detail::fail(detail::moved_from(call));
-    if (!region) return detail::fail(detail::invalid(call, "the region is empty (moved from or deregistered)"));
-    detail::ConnectionCore& core = *conn.core_;
-    ibv_mr* raw = region.mr_.get();
-    if (!region.grants_)
-      return detail::fail(detail::invalid(call, "the region is registered with MrScope::peer: register it "
-                                                "with MrScope::grants to grant it"));
-    if (raw->pd != core.peer->pd.get())
-      return detail::fail(detail::invalid(call, "the region is registered on another Peer"));
-    if (len == 0 || !detail::in_bounds(offset, len, raw->length))
-      return detail::fail(detail::invalid(call, "range [{}, +{}) is not within the {}-byte region", offset, len,
-                                          raw->length));
-    if (to_underlying(usage) == 0 || (to_underlying(usage) & ~to_underlying(detail::remote_usages)) != 0)
-      return detail::fail(detail::invalid(call, "usage 0x{:02x} is not a set of remote usages (read_src, "
-                                                "write_dst, flush_visibility, flush_persistent)",
-                                          to_underlying(usage)));
-    if (!has(region.usage_, usage))
-      return detail::fail(detail::invalid(call, "the region is not registered for usage 0x{:02x}",
-                                          to_underlying(usage)));
-    return detail::no_throw(call, [&]() -> expected<Grant> {
-      auto state = std::make_shared<detail::GrantState>();
-      auto made = region.by_windows_
-                      ? bind(core, *region.grants_, state, raw, region.usage_, offset, len, usage, context)
-                      : register_range(core, *region.grants_, state, raw, offset, len, usage);
-      if (!made) {  // nothing was posted: the grant goes now
-        if (auto revoked = state->revoke({call, LogLevel::notice}, true); !revoked)
-          detail::log(LogLevel::notice, call, revoked.error());
-        return detail::fail(made.error());
-      }
-      return Grant(std::move(state));
-    });
-  }
+                              std::uint64_t context = bind_wr_id) noexcept;
 
   /// An empty Grant, as a moved-from one.
   Grant() noexcept = default;
   Grant(Grant&&) noexcept = default;
   /// Revokes this grant as the destructor does (a failure logged under "Grant::operator="),
   /// then takes `other`'s.
-  Grant& operator=(Grant&& other) noexcept {
-    if (this != &other) {
-      revoke_logged("Grant::operator=");
-      state_ = std::move(other.state_);
-    }
-    return *this;
-  }
+  Grant& operator=(Grant&& other) noexcept;
   /// Revokes the grant; a failure is logged (warning, "Grant::~Grant"; use revoke() to get it).
   ~Grant() { revoke_logged("Grant::~Grant"); }
 
@@ -128,18 +88,10 @@ class Grant {
 
   /// The descriptor to send the peer (librpma's format: the range's address and length, the
   /// window's key, the usages granted). Errors: inval when empty or revoked.
-  expected<MrDescriptor> descriptor() const noexcept {
-    constexpr const char* call = "Grant::descriptor";
-    if (!*this) return detail::fail(Error(errc::inval, 0, call, "the grant is empty or revoked"));
-    return detail::encode_descriptor(state_->addr, state_->length, state_->rkey, state_->usage);
-  }
+  expected<MrDescriptor> descriptor() const noexcept;
   /// Writes the descriptor into `out` and returns its size. Errors: as descriptor(); inval
   /// when `out` is shorter than mr_descriptor_size (nothing is written then).
-  expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept {
-    constexpr const char* call = "Grant::write_descriptor";
-    if (!*this) return detail::fail(Error(errc::inval, 0, call, "the grant is empty or revoked"));
-    return detail::copy_descriptor(call, *descriptor(), out);
-  }
+  expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept;
   /// As above, into a char buffer.
   expected<std::size_t> write_descriptor(std::span<char> out) const noexcept {
     return write_descriptor(std::as_writable_bytes(out));
@@ -150,14 +102,7 @@ class Grant {
   /// the class comment). One its connection or region already revoked gives success.
   /// Errors: inval when empty (moved from); provider: ibv_dealloc_mw or ibv_dereg_mr failed
   /// (both are still attempted; the first failure is returned).
-  expected<void> revoke() && noexcept {
-    constexpr const char* call = "Grant::revoke";
-    if (!state_) return detail::fail(detail::moved_from(call));
-    auto state = std::move(state_);
-    auto revoked = state->revoke({call, LogLevel::notice}, false);
-    detail::name_in(revoked, call);
-    return revoked;
-  }
+  expected<void> revoke() && noexcept;
 
  private:
   explicit Grant(std::shared_ptr<detail::GrantState> state) noexcept : state_(std::move(state)) {}
@@ -167,21 +112,7 @@ class Grant {
   /// On failure `state` holds what the caller must release.
   static expected<void> register_range(detail::ConnectionCore& core, detail::GrantRegistry& region_grants,
                                        const std::shared_ptr<detail::GrantState>& state, ibv_mr* region,
-                                       std::size_t offset, std::size_t len, MrUsage usage) noexcept {
-    const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(region->addr) + offset;
-    // access_for of remote usages: exactly their remote rights (and LOCAL_WRITE under a
-    // remote write, which verbs require)
-    auto range = detail::register_memory(*core.peer, reinterpret_cast<void*>(addr), len, usage);
-    if (!range) return detail::fail(range.error());
-    state->range_mr = range->release();
-    state->settled = true;
-    state->addr = addr;
-    state->length = len;
-    state->rkey = state->range_mr->rkey;
-    state->usage = usage;
-    if (auto added = region_grants.add(state); !added) return detail::fail(added.error());
-    return core.grants.add(state);
-  }
+                                       std::size_t offset, std::size_t len, MrUsage usage) noexcept;
 
   /// Registers the range (a part of the region), allocates the window, enters the grant in
   /// the connection's (as its next bind) and the region's registries, then posts the bind,
@@ -190,64 +121,15 @@ class Grant {
   static expected<void> bind(detail::ConnectionCore& core, detail::GrantRegistry& region_grants,
                              const std::shared_ptr<detail::GrantState>& state, ibv_mr* region,
                              MrUsage region_usage, std::size_t offset, std::size_t len,
-                             MrUsage usage, std::uint64_t context) noexcept {
-    const detail::Provider& p = *state->seam;
-    const detail::PeerState& peer = *core.peer;
-    ibv_mr* target = region;
-    const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(region->addr) + offset;
-    if (offset != 0 || len != region->length) {
-      auto part = detail::register_memory(peer, reinterpret_cast<void*>(addr), len, region_usage,
-                                          detail::Rights::for_windows);
-      if (!part) return detail::fail(part.error());
-      state->range_mr = target = part->release();
-    }
-    errno = 0;
-    ibv_mw* window = p.alloc_mw(peer.pd.get(), IBV_MW_TYPE_2);
-    if (window == nullptr) return detail::fail(detail::provider_error("ibv_alloc_mw", errno));
-    state->window = window;
-    // in both registries before the bind is posted: from then on only revocation undoes it
-    if (auto added = region_grants.add(state); !added) return detail::fail(added.error());
-    if (auto added = core.grants.add(state, true); !added) return detail::fail(added.error());
-    std::uint8_t key = 0;
-    errno = 0;
-    if (p.getrandom(&key, 1, 0) != 1) {
-      const int e = errno;
-      core.grants.bind_not_posted();
-      return detail::fail(detail::provider_error("getrandom", e, "no random byte for the window's key"));
-    }
-    const std::uint32_t rkey = (window->rkey & ~std::uint32_t{0xff}) | key;
-    ibv_send_wr wr{};
-    wr.wr_id = context;
-    wr.opcode = IBV_WR_BIND_MW;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.bind_mw.mw = window;
-    wr.bind_mw.rkey = rkey;
-    wr.bind_mw.bind_info.mr = target;
-    wr.bind_mw.bind_info.addr = addr;
-    wr.bind_mw.bind_info.length = len;
-    wr.bind_mw.bind_info.mw_access_flags = static_cast<unsigned>(detail::window_access_for(usage, peer.native_flush));
-    ibv_send_wr* bad = nullptr;
-    // the grant's fields before the post: its completion may be read on another thread
-    state->addr = addr;
-    state->length = len;
-    state->rkey = rkey;
-    state->usage = usage;
-    if (int rc = p.post_send(core.qp->qp, &wr, &bad); rc != 0) {
-      core.grants.bind_not_posted();
-      return detail::fail(detail::provider_error("ibv_post_send", rc, "binding the grant's memory window"));
-    }
-    window->rkey = rkey;  // as ibv_bind_mw does: a later bind names the window by its key
-    return {};
-  }
+                             MrUsage usage, std::uint64_t context) noexcept;
 
-  void revoke_logged(const char* where) noexcept {
-    if (!state_) return;
-    auto state = std::move(state_);
-    if (auto revoked = state->revoke({where, LogLevel::warning}, false); !revoked) [[unlikely]]
-      detail::log(LogLevel::warning, where, revoked.error());
-  }
+  void revoke_logged(const char* where) noexcept;
 
   std::shared_ptr<detail::GrantState> state_;
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/grant.ipp>
+#endif

@@ -37,47 +37,30 @@ struct LogState {
   std::atomic<LogFunction> function{nullptr};
   std::atomic<LogLevel> threshold{LogLevel::warning};
 };
-inline LogState& log_state() noexcept {
-  static LogState state;
-  return state;
-}
+LogState& log_state() noexcept;
 }  // namespace detail
 
 /// Installs `function` (nullptr: the default, which prints nothing). Thread-safe; a call
 /// in flight in another thread may still reach the previous function.
-inline void set_log_function(LogFunction function) noexcept {
-  detail::log_state().function.store(function, std::memory_order_release);
-}
+void set_log_function(LogFunction function) noexcept;
 /// Messages less severe than `level` are not passed on (default: warning). Thread-safe.
-inline void set_log_threshold(LogLevel level) noexcept {
-  detail::log_state().threshold.store(level, std::memory_order_relaxed);
-}
-inline LogLevel log_threshold() noexcept {
-  return detail::log_state().threshold.load(std::memory_order_relaxed);
-}
+void set_log_threshold(LogLevel level) noexcept;
+LogLevel log_threshold() noexcept;
 
 namespace detail {
 
 /// Whether a message at `level` would reach a log function (cheap: two atomic loads).
-inline bool log_enabled(LogLevel level) noexcept {
-  auto& state = log_state();
-  return state.function.load(std::memory_order_acquire) != nullptr &&
-         static_cast<int>(level) <= static_cast<int>(state.threshold.load(std::memory_order_relaxed));
-}
+bool log_enabled(LogLevel level) noexcept;
 
 /// Reports `text` from `where`. Formats nothing unless a function listens.
-inline void log(LogLevel level, std::string_view where, std::string_view text) noexcept {
-  if (!log_enabled(level)) return;
-  if (LogFunction fn = log_state().function.load(std::memory_order_acquire)) fn(level, where, text);
-}
+void log(LogLevel level, std::string_view where, std::string_view text) noexcept;
 
 /// Reports an Error (its message, formatted into a fixed buffer: never allocates).
-inline void log(LogLevel level, std::string_view where, const Error& error) noexcept {
-  if (!log_enabled(level)) return;
-  char buf[Error::max_call + Error::max_reason + 200];
-  const std::size_t n = write_message(error, buf, sizeof buf);
-  log(level, where, std::string_view(buf, n < sizeof buf ? n : sizeof buf));
-}
+void log(LogLevel level, std::string_view where, const Error& error) noexcept;
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/log.ipp>
+#endif

@@ -2,7 +2,6 @@
 // its 1-byte descriptor.
 #pragma once
 
-#include <rpmapp/detail/errors.hpp>
 #include <rpmapp/error.hpp>
 
 #include <array>
@@ -29,18 +28,13 @@ struct PeerConfig {
   /// Parses a peer's descriptor. Stricter than librpma (which takes any non-empty buffer and
   /// any byte value): it must be exactly 1 byte, 0 or 1.
   /// Errors: inval otherwise.
-  static expected<PeerConfig> from_descriptor(std::span<const std::byte> descriptor) noexcept {
-    constexpr const char* call = "PeerConfig::from_descriptor";
-    if (descriptor.size() != peer_config_descriptor_size)
-      return detail::fail(detail::invalid(call, "a peer configuration descriptor is 1 byte, not {}",
-                                          descriptor.size()));
-    const auto value = std::to_integer<unsigned>(descriptor[0]);
-    if (value > 1)
-      return detail::fail(detail::invalid(call, "direct_write_to_pmem byte is {}, not 0 or 1", value));
-    return PeerConfig{value == 1};
-  }
+  static expected<PeerConfig> from_descriptor(std::span<const std::byte> descriptor) noexcept;
 
   friend bool operator==(const PeerConfig&, const PeerConfig&) = default;
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/peer_config.ipp>
+#endif

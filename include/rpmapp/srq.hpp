@@ -41,21 +41,11 @@ struct SrqState {
   SrqState() = default;
   SrqState(const SrqState&) = delete;
   SrqState& operator=(const SrqState&) = delete;
-  ~SrqState() {
-    if (auto released = release(teardown); !released) [[unlikely]]
-      log(teardown.level, teardown.where, released.error());
-  }
+  ~SrqState();
 
   /// Destroys the CQ, its channel and the queue, reporting the first failure (the rest is
   /// still released). Idempotent.
-  expected<void> release(Teardown by) noexcept {
-    FirstError first{by};
-    if (rcq) first.value_call(seam->destroy_cq(rcq.release()), "ibv_destroy_cq");
-    if (channel)
-      first.value_call(seam->destroy_comp_channel(channel.release()), "ibv_destroy_comp_channel");
-    if (srq) first.value_call(seam->destroy_srq(srq.release()), "ibv_destroy_srq");
-    return first.result();
-  }
+  expected<void> release(Teardown by) noexcept;
 };
 }  // namespace detail
 
@@ -73,50 +63,13 @@ class Srq {
   /// - provider / nomem: ibv_create_srq, ibv_create_comp_channel, ibv_create_cq or
   ///   ibv_req_notify_cq failed (errno in the Error).
   /// Thread safety: may be called concurrently.
-  static expected<Srq> create(const Peer& peer, const SrqConfig& config = {}) noexcept {
-    constexpr const char* call = "Srq::create";
-    if (!peer) return detail::fail(detail::moved_from(call));
-    if (config.rq_size == 0) return detail::fail(detail::invalid(call, "rq_size must be at least 1"));
-    if (config.rq_size > 0x7fffffffu || config.rcq_size > 0x7fffffffu)
-      return detail::fail(detail::invalid(call, "rq_size and rcq_size must fit in an int"));
-    return detail::no_throw(call, [&]() -> expected<Srq> {
-      const detail::Provider& p = detail::provider();
-      auto state = std::make_shared<detail::SrqState>();
-      state->teardown = {call, LogLevel::notice};  // until the Srq is made
-      state->peer = peer.state();
-      ibv_srq_init_attr attr{};
-      attr.attr.max_wr = config.rq_size;
-      attr.attr.max_sge = 1;
-      errno = 0;
-      state->srq.reset(p.create_srq(state->peer->pd.get(), &attr));
-      if (!state->srq) return detail::fail(detail::provider_error("ibv_create_srq", errno));
-      if (config.rcq_size > 0) {
-        ibv_context* context = state->peer->context;
-        errno = 0;
-        state->channel.reset(p.create_comp_channel(context));
-        if (!state->channel) return detail::fail(detail::provider_error("ibv_create_comp_channel", errno));
-        errno = 0;
-        state->rcq.reset(p.create_cq(context, static_cast<int>(config.rcq_size), nullptr,
-                                     state->channel.get(), 0));
-        if (!state->rcq) return detail::fail(detail::provider_error("ibv_create_cq", errno));
-        if (auto armed = detail::rearm(state->rcq.get()); !armed) return detail::fail(armed.error());
-      }
-      state->teardown = {"Srq (last reference)", LogLevel::warning};
-      return Srq(std::move(state));
-    });
-  }
+  static expected<Srq> create(const Peer& peer, const SrqConfig& config = {}) noexcept;
 
   /// An empty Srq, as a moved-from one (every call is inval): for tables of slots.
   Srq() noexcept = default;
   Srq(Srq&&) noexcept = default;
   /// Releases this handle as the destructor does, then takes `other`'s.
-  Srq& operator=(Srq&& other) noexcept {
-    if (this != &other) {
-      release_logged("Srq::operator=");
-      state_ = std::move(other.state_);
-    }
-    return *this;
-  }
+  Srq& operator=(Srq&& other) noexcept;
   /// Releases this handle; when no connection uses the queue any more it is destroyed and
   /// a failure logged (warning, "Srq::~Srq"). When a connection goes last, its failure is
   /// logged under "Srq (last reference)".
@@ -159,12 +112,7 @@ class Srq {
   /// last connection. The Srq is empty afterwards, whatever the result.
   /// Errors: inval when empty; provider: ibv_destroy_cq, ibv_destroy_comp_channel or
   /// ibv_destroy_srq failed (the first failure; a later one is logged, notice).
-  expected<void> close() && noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Srq::close"));
-    auto state = std::move(state_);
-    if (state.use_count() != 1) return {};
-    return detail::named("Srq::close", state->release({"Srq::close", LogLevel::warning}));
-  }
+  expected<void> close() && noexcept;
 
   /// Internal: the shared state, for the connections that use the queue.
   const std::shared_ptr<detail::SrqState>& state() const noexcept { return state_; }
@@ -172,18 +120,13 @@ class Srq {
  private:
   explicit Srq(std::shared_ptr<detail::SrqState> state) noexcept : state_(std::move(state)) {}
 
-  void release_logged(const char* where) noexcept {
-    if (!state_) return;
-    auto state = std::move(state_);
-    // The last user: released here, under this name (no other reference can appear).
-    if (state.use_count() == 1) {
-      const detail::Teardown by{where, LogLevel::warning};
-      if (auto released = state->release(by); !released) [[unlikely]]
-        detail::log(by.level, by.where, released.error());
-    }
-  }
+  void release_logged(const char* where) noexcept;
 
   std::shared_ptr<detail::SrqState> state_;
 };
 
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/srq.ipp>
+#endif

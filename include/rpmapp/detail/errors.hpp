@@ -4,7 +4,6 @@
 #include <rpmapp/detail/format.hpp>
 #include <rpmapp/error.hpp>
 
-#include <algorithm>
 #include <cerrno>
 #include <initializer_list>
 #include <new>
@@ -18,17 +17,11 @@ namespace detail {
 // fallible call of a TU, and for the instruction cache).
 
 /// A failed provider call: ENOMEM is nomem, anything else provider.
-[[gnu::cold]] inline Error provider_error(std::string_view call, int sys_errno, std::string_view reason = {}) noexcept {
-  return Error(sys_errno == ENOMEM ? errc::nomem : errc::provider, sys_errno, call, reason);
-}
+[[gnu::cold]] Error provider_error(std::string_view call, int sys_errno, std::string_view reason = {}) noexcept;
 
 /// The one place reasons are formatted: without allocating, cut to Error::max_reason.
-[[gnu::cold]] inline Error make_error_from(errc code, int sys_errno, const char* call, std::string_view format,
-                                           std::initializer_list<FormatArg> args) noexcept {
-  char buf[Error::max_reason];
-  const std::size_t size = format_to_buffer(buf, sizeof buf, format, args);
-  return Error(code, sys_errno, call, {buf, std::min(size, sizeof buf)});
-}
+[[gnu::cold]] Error make_error_from(errc code, int sys_errno, const char* call, std::string_view format,
+                                    std::initializer_list<FormatArg> args) noexcept;
 
 /// An error whose reason is `format` with `args` (see detail/format.hpp for what it takes).
 template <class... Args>
@@ -67,12 +60,8 @@ template <class T> expected<T> named(const char* operation, expected<T> result) 
 }
 
 /// An error of `operation` (an rpmapp function) in the provider call `call`.
-[[gnu::cold]] inline Error provider_error_in(const char* operation, std::string_view call,
-                                             int sys_errno, std::string_view reason = {}) noexcept {
-  Error e = provider_error(call, sys_errno, reason);
-  e.name_operation(operation);
-  return e;
-}
+[[gnu::cold]] Error provider_error_in(const char* operation, std::string_view call,
+                                      int sys_errno, std::string_view reason = {}) noexcept;
 
 /// Runs `body` (returning expected<T>) as the public function `call`, turning
 /// std::bad_alloc into errc::nomem (the library never throws); an error names `call`
@@ -90,3 +79,7 @@ auto no_throw(const char* call, Body&& body) noexcept -> decltype(body()) {
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/detail_errors.ipp>
+#endif

@@ -62,32 +62,15 @@ struct GrantState {
   /// Revokes the grant: releases it now when it is settled or `force` is set (its
   /// connection or region is going: a bind still pending then fails, which only that
   /// connection sees), else when it settles. The first release failure is returned.
-  expected<void> revoke(Teardown by, bool force) noexcept {
-    std::lock_guard lock(mutex);
-    revoked = true;
-    if (!settled && !force) return {};
-    return release(by);
-  }
+  expected<void> revoke(Teardown by, bool force) noexcept;
   /// Its bind ran (or never will): releases it when it was revoked meanwhile.
-  expected<void> settle(Teardown by) noexcept {
-    std::lock_guard lock(mutex);
-    settled = true;
-    if (!revoked) return {};
-    return release(by);
-  }
+  expected<void> settle(Teardown by) noexcept;
 
  private:
   /// Deallocates the window (after which the peer's accesses through its key fail), then
   /// deregisters the range's registration (mutex held). A failed ibv_dealloc_mw is
   /// reported, never retried: the provider has released or kept the window by then.
-  expected<void> release(Teardown by) noexcept {
-    FirstError first{by};
-    if (window != nullptr) first.value_call(seam->dealloc_mw(window), "ibv_dealloc_mw");
-    window = nullptr;
-    if (range_mr != nullptr) first.value_call(seam->dereg_mr(range_mr), "ibv_dereg_mr");
-    range_mr = nullptr;
-    return first.result();
-  }
+  expected<void> release(Teardown by) noexcept;
 };
 
 /// The grants of a connection or of a region. Released entries are dropped when the next
@@ -101,25 +84,9 @@ struct GrantRegistry {
   std::atomic<std::size_t> pending{0};
 
   /// Adds `grant`; with `bind_posted_next`, also as the next bind to complete. Errors: nomem.
-  expected<void> add(std::shared_ptr<GrantState> grant, bool bind_posted_next = false) noexcept {
-    std::lock_guard lock(mutex);
-    std::erase_if(grants, [](const std::shared_ptr<GrantState>& g) { return !g->holds(); });
-    try {
-      grants.reserve(grants.size() + 1);
-      if (bind_posted_next) binding.push_back(grant);  // no effect when it throws
-    } catch (const std::bad_alloc&) {
-      return fail(Error(errc::nomem, ENOMEM, "std::vector::reserve", "memory allocation failed"));
-    }
-    grants.push_back(std::move(grant));  // reserved: cannot throw
-    pending.store(binding.size(), std::memory_order_relaxed);
-    return {};
-  }
+  expected<void> add(std::shared_ptr<GrantState> grant, bool bind_posted_next = false) noexcept;
   /// The bind of the last grant added could not be posted: it will not complete.
-  void bind_not_posted() noexcept {
-    std::lock_guard lock(mutex);
-    if (!binding.empty()) binding.pop_back();
-    pending.store(binding.size(), std::memory_order_relaxed);
-  }
+  void bind_not_posted() noexcept;
 
   /// Settles the grants whose binds `completions` (just read from the connection's queues)
   /// show done: each successful IBV_WC_BIND_MW completes the oldest pending bind; a failed
@@ -142,18 +109,12 @@ struct GrantRegistry {
 
   /// Revokes and releases every grant (`force`: the connection or region is going),
   /// reporting the first failure through `first`.
-  void revoke_all(FirstError& first) noexcept {
-    std::vector<std::shared_ptr<GrantState>> all;
-    {
-      std::lock_guard lock(mutex);
-      all.swap(grants);
-      binding.clear();
-      pending.store(0, std::memory_order_relaxed);
-    }
-    for (auto& grant : all)
-      if (auto revoked = grant->revoke(first.by, true); !revoked) first.note(revoked.error());
-  }
+  void revoke_all(FirstError& first) noexcept;
 };
 
 }  // namespace detail
 RPMAPP_END_NAMESPACE
+
+#if !defined(RPMAPP_SEPARATE_COMPILATION)
+#  include <rpmapp/impl/detail_grants.ipp>
+#endif

@@ -14,18 +14,28 @@
 #include <rpmapp/rpmapp.hpp>
 
 // one line per header with definitions under impl/ (sorted)
+#include <rpmapp/impl/common_data.ipp>
 #include <rpmapp/impl/conn.ipp>
 #include <rpmapp/impl/conn_req.ipp>
+#include <rpmapp/impl/cq.ipp>
 #include <rpmapp/impl/detail_address.ipp>
 #include <rpmapp/impl/detail_cm_event.ipp>
 #include <rpmapp/impl/detail_connection.ipp>
 #include <rpmapp/impl/detail_device_context.ipp>
+#include <rpmapp/impl/detail_errors.ipp>
+#include <rpmapp/impl/detail_format.ipp>
+#include <rpmapp/impl/detail_grants.ipp>
 #include <rpmapp/impl/detail_handler_waiters.ipp>
 #include <rpmapp/impl/detail_handles.ipp>
 #include <rpmapp/impl/detail_listener.ipp>
 #include <rpmapp/impl/detail_loop_awaiters.ipp>
 #include <rpmapp/impl/detail_loop_core.ipp>
 #include <rpmapp/impl/endpoint.ipp>
+#include <rpmapp/impl/error.ipp>
 #include <rpmapp/impl/event_loop.ipp>
+#include <rpmapp/impl/grant.ipp>
+#include <rpmapp/impl/log.ipp>
 #include <rpmapp/impl/mr.ipp>
 #include <rpmapp/impl/peer.ipp>
+#include <rpmapp/impl/peer_config.ipp>
+#include <rpmapp/impl/srq.ipp>

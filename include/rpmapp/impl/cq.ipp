@@ -1,0 +1,26 @@
+// rpmapp::Cq's definitions off the data path: its fd, and the errors of its failure paths.
+#pragma once
+
+#include <rpmapp/cq.hpp>
+
+#include <cstddef>
+
+RPMAPP_BEGIN_NAMESPACE
+
+RPMAPP_DECL Error detail::no_completion_channel(const char* call) noexcept {
+  return invalid(call, "the connection has no completion channel (ConnConfig::completion_channel is false): "
+                       "poll with Cq::get");
+}
+
+RPMAPP_DECL Error detail::poll_error(int n, std::size_t room) noexcept {
+  if (n < 0) return make_error(errc::provider, 0, "ibv_poll_cq", "returned {}", n);
+  return make_error(errc::unknown, 0, "ibv_poll_cq", "returned {} completions for room for {}", n, room);
+}
+
+RPMAPP_DECL expected<int> Cq::fd() const noexcept {
+  if (!cq_) return detail::fail(empty("Cq::fd"));
+  if (!channel_) return detail::fail(detail::no_completion_channel("Cq::fd"));
+  return channel_->fd;
+}
+
+RPMAPP_END_NAMESPACE
