@@ -60,8 +60,11 @@ class RpmappConan(ConanFile):
 
     def package(self):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
-        copy(self, "*.hpp", os.path.join(self.source_folder, "include"),
-             os.path.join(self.package_folder, "include"))
+        # the headers and their definitions (impl/*.ipp: included by the headers themselves
+        # in header-only mode)
+        for pattern in ("*.hpp", "*.ipp"):
+            copy(self, pattern, os.path.join(self.source_folder, "include"),
+                 os.path.join(self.package_folder, "include"))
 
     def package_info(self):
         self.cpp_info.bindirs = []

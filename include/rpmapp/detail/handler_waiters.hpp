@@ -39,7 +39,10 @@ struct HandlerWaiter : Waiter {
   /// Still able to call its handler: registered in a loop, its source alive.
   virtual bool active() const noexcept { return slot != no_slot; }
 
-  void ready(std::uint32_t events) final;
+  // RPMAPP_DECL on the declarations of virtual functions defined in impl/: inline in
+  // header-only mode, else an includer takes one for the class's key function and emits
+  // the vtables and every handle() whether it uses the loop or not.
+  RPMAPP_DECL void ready(std::uint32_t events) final;
   /// The Registration lets go.
   void release() noexcept;
   /// Released by its own handler, or its source or loop is gone: stop handling.
@@ -57,7 +60,7 @@ struct ServeWaiter final : detail::HandlerWaiter {
   std::shared_ptr<ConnReqHandler> shared_handler;
   ConnReqHandler handler;
   bool active() const noexcept override { return slot != no_slot && link != nullptr; }
-  void handle(std::uint32_t) override;
+  RPMAPP_DECL void handle(std::uint32_t) override;
 };
 
 struct ConnWaiter final : detail::HandlerWaiter {
@@ -68,14 +71,14 @@ struct ConnWaiter final : detail::HandlerWaiter {
   void source_signalled() noexcept override {
     if (loop != nullptr) loop->post_signal(*this);
   }
-  void handle(std::uint32_t) override;
+  RPMAPP_DECL void handle(std::uint32_t) override;
 };
 
 struct ResolveWaiter final : detail::HandlerWaiter {
   explicit ResolveWaiter(PendingConnReq&& p) noexcept : pending(std::move(p)) {}
   PendingConnReq pending;
   std::function<void(expected<ConnReq>)> handler;
-  void handle(std::uint32_t) override;
+  RPMAPP_DECL void handle(std::uint32_t) override;
 };
 
 struct CompletionWaiter final : detail::HandlerWaiter {
@@ -89,7 +92,7 @@ struct CompletionWaiter final : detail::HandlerWaiter {
   // handler throwing, ibv_poll_cq failing, a queue left unarmed) makes the waiter due
   // again in the next round without one (post_next_round). EIO from ibv_get_cq_event (the
   // device is gone: the channel delivers nothing more) ends the registration.
-  void handle(std::uint32_t) override;
+  RPMAPP_DECL void handle(std::uint32_t) override;
 };
 
 struct FdWaiter final : detail::HandlerWaiter {
