@@ -460,7 +460,8 @@ def profile_kind(function):
 
 def short_function(function):
     """callgrind's demangled name without namespaces, template arguments and parameters."""
-    f = function.replace("rpmapp::v0_tl::", "").replace("(anonymous namespace)::", "")
+    f = re.sub(r"rpmapp::v\d+_\d+_(tl|std)(_lib)?::", "", function)
+    f = f.replace("(anonymous namespace)::", "")
     f = re.sub(r"^decltype \(\{parm#2\}\(\)\) ", "", f)
     inner = re.match(r"detail::no_throw<(.*?)\(", f)
     if inner:

@@ -24,19 +24,26 @@
 // types to each other fail to link.
 #if defined(RPMAPP_SEPARATE_COMPILATION)
 #  define RPMAPP_DECL
-#  if defined(RPMAPP_USE_STD_EXPECTED)
-#    define RPMAPP_ABI_NAMESPACE v0_std_lib
-#  else
-#    define RPMAPP_ABI_NAMESPACE v0_tl_lib
-#  endif
+#  define RPMAPP_DETAIL_ABI_MODE _lib
 #else
 #  define RPMAPP_DECL inline
-#  if defined(RPMAPP_USE_STD_EXPECTED)
-#    define RPMAPP_ABI_NAMESPACE v0_std
-#  else
-#    define RPMAPP_ABI_NAMESPACE v0_tl
-#  endif
+#  define RPMAPP_DETAIL_ABI_MODE
 #endif
+#if defined(RPMAPP_USE_STD_EXPECTED)
+#  define RPMAPP_DETAIL_ABI_BACKEND std
+#else
+#  define RPMAPP_DETAIL_ABI_BACKEND tl
+#endif
+
+// The ABI version is part of the namespace as well: major.minor while the major is 0, as in
+// librpmapp's soname (patch releases keep the ABI). Two rpmapp versions in one program fail
+// to link. The namespace is v<major>_<minor>_<back end>[_lib], e.g. rpmapp::v0_1_tl.
+#define RPMAPP_DETAIL_ABI_PASTE(major, minor, backend, mode) v##major##_##minor##_##backend##mode
+#define RPMAPP_DETAIL_ABI_NAME(major, minor, backend, mode) \
+  RPMAPP_DETAIL_ABI_PASTE(major, minor, backend, mode)
+#define RPMAPP_ABI_NAMESPACE                                                         \
+  RPMAPP_DETAIL_ABI_NAME(RPMAPP_VERSION_MAJOR, RPMAPP_VERSION_MINOR, RPMAPP_DETAIL_ABI_BACKEND, \
+                         RPMAPP_DETAIL_ABI_MODE)
 
 #define RPMAPP_BEGIN_NAMESPACE namespace rpmapp { inline namespace RPMAPP_ABI_NAMESPACE {
 #define RPMAPP_END_NAMESPACE } }
