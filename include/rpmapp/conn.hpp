@@ -98,15 +98,13 @@ class Conn {
   /// - provider: poll, rdma_get_cm_event or rdma_ack_cm_event failed.
   /// - unknown: an event that has no ConnEvent (it is acknowledged; the reason names it).
   /// - nomem: out of memory storing the peer's private data.
-  expected<ConnEvent> next_event() noexcept { return next("Conn::next_event", detail::Wait::forever()); }
+  expected<ConnEvent> next_event() noexcept;
   /// As next_event, but returns no_event at once when nothing is pending (also when all
   /// that was pending was the second end-of-connection event, acknowledged and dropped).
-  expected<ConnEvent> try_next_event() noexcept { return next("Conn::try_next_event", detail::Wait::none()); }
+  expected<ConnEvent> try_next_event() noexcept;
   /// As next_event, but returns no_event when nothing to report arrived within `timeout`
   /// (a zero or negative timeout is try_next_event).
-  expected<ConnEvent> next_event_for(std::chrono::milliseconds timeout) noexcept {
-    return next("Conn::next_event_for", detail::Wait::bounded(timeout));
-  }
+  expected<ConnEvent> next_event_for(std::chrono::milliseconds timeout) noexcept;
 
   /// The fd of the connection's event channel, for poll/epoll (readable = an event is
   /// pending).
@@ -132,10 +130,7 @@ class Conn {
   /// The queue pair number. Errors: inval when empty.
   expected<std::uint32_t> qp_num() const noexcept;
   /// The queue pair, for the data path. Errors: inval when empty.
-  expected<ibv_qp*> qp() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("Conn::qp"));
-    return core_->id->qp;
-  }
+  expected<ibv_qp*> qp() const noexcept;
   /// The main completion queue: send completions, and receive ones unless the connection
   /// has a receive CQ (librpma's rpma_conn_get_cq). Valid while the Conn lives. Without
   /// ConnConfig::completion_channel it has no channel: poll it with Cq::get (waits are inval).

@@ -102,53 +102,27 @@ class ConnReq {
   }
 
   /// True for a request that came from an Endpoint. Errors: inval when empty.
-  expected<bool> is_incoming() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::is_incoming"));
-    return incoming_;
-  }
+  expected<bool> is_incoming() const noexcept;
   /// The private data of an incoming request, as rdma_cm delivered it: zero-padded to 56
   /// bytes whatever the client sent. Empty for an outgoing request. Errors: inval when empty.
-  expected<std::span<const std::byte>> private_data() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::private_data"));
-    return std::span<const std::byte>(core_->private_data);
-  }
+  expected<std::span<const std::byte>> private_data() const noexcept;
   /// Copies private_data() into `out`; returns its size. Errors: inval when empty or when
   /// `out` is too small (nothing is written then).
-  expected<std::size_t> copy_private_data(std::span<std::byte> out) const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::copy_private_data"));
-    return detail::copy_out("ConnReq::copy_private_data", core_->private_data, out);
-  }
+  expected<std::size_t> copy_private_data(std::span<std::byte> out) const noexcept;
   /// The other side's numeric address; a link-local IPv6 one with its scope
   /// ("fe80::1%eth0"), so it can be passed to ConnReq::to. Errors: inval when empty; nomem.
-  expected<std::string> peer_address() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_address"));
-    return detail::no_throw("ConnReq::peer_address", [&]() -> expected<std::string> {
-      return detail::peer_address_of(core_->id.get());
-    });
-  }
+  expected<std::string> peer_address() const noexcept;
   /// The other side's port. Errors: inval when empty.
-  expected<std::uint16_t> peer_port() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_port"));
-    return detail::port_of(rdma_get_peer_addr(core_->id.get()));
-  }
+  expected<std::uint16_t> peer_port() const noexcept;
   /// The RDMA device the request arrived on (or leaves from), e.g. "rxe0"; the view is
   /// valid while the request lives. Errors: inval when empty.
-  expected<std::string_view> device() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::device"));
-    return std::string_view(core_->device);
-  }
+  expected<std::string_view> device() const noexcept;
   /// The Peer the connection will be on (as Conn::peer): with
   /// ConnConfig::own_protection_domain its own, for the memory of receives posted before
   /// accepting. Errors: inval when empty.
-  expected<Peer> peer() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::peer"));
-    return Peer::of(core_->peer);
-  }
+  expected<Peer> peer() const noexcept;
   /// The queue pair number. Errors: inval when empty.
-  expected<std::uint32_t> qp_num() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("ConnReq::qp_num"));
-    return core_->id->qp->qp_num;
-  }
+  expected<std::uint32_t> qp_num() const noexcept;
 
  private:
   friend struct detail::LoopAccess;
@@ -188,23 +162,18 @@ class PendingConnReq {
   /// O_NONBLOCK: librdmacm may consume an event itself between your poll and the read,
   /// and a blocking read would then hang until some later event.
   /// Errors: inval when empty.
-  expected<int> fd() const noexcept {
-    if (!core_) return detail::fail(detail::moved_from("PendingConnReq::fd"));
-    return core_->channel->fd;
-  }
+  expected<int> fd() const noexcept;
 
   /// Advances resolution with the events already pending. While it is in progress returns
   /// no_event and the object stays usable; otherwise it is consumed: on success the ConnReq
   /// owns everything, on failure everything is released.
   /// Errors: no_event (in progress); inval (empty; the address is reached through another
   /// device than the Peer's); provider (as ConnReq::to); nomem.
-  expected<ConnReq> try_wait() && noexcept { return advance("PendingConnReq::try_wait", detail::Wait::none()); }
+  expected<ConnReq> try_wait() && noexcept;
   /// As try_wait, waiting up to `timeout` for resolution to finish (one bound for all its
   /// steps; a zero or negative timeout is try_wait). A signal does not interrupt a wait;
   /// it is retried.
-  expected<ConnReq> wait_for(std::chrono::milliseconds timeout) && noexcept {
-    return advance("PendingConnReq::wait_for", detail::Wait::bounded(timeout));
-  }
+  expected<ConnReq> wait_for(std::chrono::milliseconds timeout) && noexcept;
   /// Waits until resolution finishes. rdma_cm bounds each of its two steps by
   /// ConnConfig::timeout; should it stay silent, this gives up after twice that plus one
   /// second in all (provider, ETIMEDOUT, naming the step).
@@ -233,9 +202,7 @@ class PendingConnReq {
 
   // Handles events until resolution is over or none arrives within `wait`; an error names
   // `call`.
-  expected<ConnReq> advance(const char* call, detail::Wait wait) noexcept {
-    return detail::named(call, advance_events(call, wait));
-  }
+  expected<ConnReq> advance(const char* call, detail::Wait wait) noexcept;
   expected<ConnReq> advance_events(const char* call, detail::Wait wait) noexcept;
 
   // One resolution event: true when the request is ready.

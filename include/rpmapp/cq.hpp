@@ -225,16 +225,10 @@ class Cq {
   }
 
   /// The queue (for raw verbs). Errors: inval when empty.
-  expected<ibv_cq*> native() const noexcept {
-    if (!cq_) return detail::fail(empty("Cq::native"));
-    return cq_;
-  }
+  expected<ibv_cq*> native() const noexcept;
   /// Whether its completion channel is shared with the connection's other queue.
   /// Errors: inval when empty.
-  expected<bool> shared_channel() const noexcept {
-    if (!cq_) return detail::fail(empty("Cq::shared_channel"));
-    return shared_;
-  }
+  expected<bool> shared_channel() const noexcept;
 
   friend bool operator==(const Cq& a, const Cq& b) noexcept { return a.cq_ == b.cq_; }
 

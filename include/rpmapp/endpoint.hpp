@@ -112,10 +112,7 @@ class Endpoint {
 
   /// The handler the shared listener was created with (listen_shared), or null.
   /// Errors: inval when empty.
-  expected<std::shared_ptr<ConnReqHandler>> handler() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::handler"));
-    return std::static_pointer_cast<ConnReqHandler>(state_->handler);
-  }
+  expected<std::shared_ptr<ConnReqHandler>> handler() const noexcept;
 
   /// An empty Endpoint, as a moved-from one (every call is inval): for tables of slots.
   Endpoint() noexcept = default;
@@ -141,21 +138,15 @@ class Endpoint {
   ///   fcntl or rdma_migrate_id failed (the request is rejected). A request queued so long that its
   ///   client has given up can fail this way (rdma_create_qp, EINVAL).
   /// - nomem: out of memory (the request is rejected).
-  expected<ConnReq> next_conn_req(const ConnConfig& config = {}) noexcept {
-    return next("Endpoint::next_conn_req", config, detail::Wait::forever());
-  }
+  expected<ConnReq> next_conn_req(const ConnConfig& config = {}) noexcept;
   /// As next_conn_req, but returns no_event at once when no request is pending (or
   /// another reader took it first).
-  expected<ConnReq> try_next_conn_req(const ConnConfig& config = {}) noexcept {
-    return next("Endpoint::try_next_conn_req", config, detail::Wait::none());
-  }
+  expected<ConnReq> try_next_conn_req(const ConnConfig& config = {}) noexcept;
   /// As next_conn_req, but returns no_event when no request arrived within `timeout`
   /// (never later: another reader taking the request only sends it back to waiting). A
   /// zero or negative timeout is try_next_conn_req.
   expected<ConnReq> next_conn_req_for(std::chrono::milliseconds timeout,
-                                      const ConnConfig& config = {}) noexcept {
-    return next("Endpoint::next_conn_req_for", config, detail::Wait::bounded(timeout));
-  }
+                                      const ConnConfig& config = {}) noexcept;
 
   /// The listening event channel's fd, for poll/epoll (readable = a request is pending).
   /// It is always non-blocking (O_NONBLOCK): rpmapp's waits read it only after poll and loop on
@@ -164,42 +155,22 @@ class Endpoint {
   /// itself may take the event between your poll and the read, and a blocking read would
   /// then hang until some later event.
   /// Errors: inval when empty.
-  expected<int> fd() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::fd"));
-    return state_->channel->fd;
-  }
+  expected<int> fd() const noexcept;
   /// The bound port (the CM's choice when listening on "0"). Errors: inval when empty.
-  expected<std::uint16_t> port() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::port"));
-    return state_->port;
-  }
+  expected<std::uint16_t> port() const noexcept;
   /// The bound numeric address ("0.0.0.0" or "::" for a wildcard listener; "::" for "");
   /// a link-local one with its scope as an interface name ("fe80::1%eth0").
   /// Errors: inval when empty; nomem.
-  expected<std::string> local_address() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::local_address"));
-    return detail::no_throw("Endpoint::local_address", [&]() -> expected<std::string> {
-      return detail::address_of(rdma_get_local_addr(state_->id.get()));
-    });
-  }
+  expected<std::string> local_address() const noexcept;
   /// The IB service ID rdma_cm uses for the port (RDMA_PS_TCP << 16 | port), in network
   /// byte order, as ib_cm_insert_listen takes it. Errors: inval when empty.
-  expected<std::uint64_t> service_id() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::service_id"));
-    return detail::tcp_service_id(state_->port);
-  }
+  expected<std::uint64_t> service_id() const noexcept;
   /// The device a specific-address listener is bound to; "" for a wildcard listener. The
   /// view is valid while the Endpoint lives. Errors: inval when empty.
-  expected<std::string_view> device() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::device"));
-    return std::string_view(state_->device);
-  }
+  expected<std::string_view> device() const noexcept;
   /// How many Endpoint handles share this listener (1 unless listen_shared): the handles
   /// counted by listen_shared and shutdown. Errors: inval when empty.
-  expected<long> share_count() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::share_count"));
-    return detail::handle_count(*state_);
-  }
+  expected<long> share_count() const noexcept;
 
   /// Releases this handle (consumed: empty afterwards, whatever the result). When it is
   /// the listener's last handle, the pending connection requests are rejected and
@@ -210,10 +181,7 @@ class Endpoint {
   /// Errors: inval when empty; provider: rdma_get_cm_event, rdma_reject,
   /// rdma_ack_cm_event or rdma_destroy_id failed (the rest is still released; failures
   /// after the first are logged, notice; requests rejected here are logged, info).
-  expected<void> shutdown() && noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Endpoint::shutdown"));
-    return detail::named("Endpoint::shutdown", release({"Endpoint::shutdown", LogLevel::warning}));
-  }
+  expected<void> shutdown() && noexcept;
 
  private:
   friend struct detail::LoopAccess;

@@ -109,11 +109,9 @@ class EventLoop {
   /// run_for and run_once).
   /// Errors: inval (empty loop; called from a handler); provider (epoll_wait); unknown (a
   /// handler or spawned coroutine threw: see the class comment).
-  expected<void> run() noexcept { return run_until("EventLoop::run", detail::Deadline(detail::Wait::forever())); }
+  expected<void> run() noexcept;
   /// As run(), returning also when `duration` has passed (without cancelling anything).
-  expected<void> run_for(std::chrono::milliseconds duration) noexcept {
-    return run_until("EventLoop::run_for", detail::Deadline(detail::Wait::bounded(duration)));
-  }
+  expected<void> run_for(std::chrono::milliseconds duration) noexcept;
   /// Waits up to `timeout` (negative: without limit; zero: not at all) for something to
   /// do, does what is ready, and returns how many handlers and coroutine steps ran. A
   /// pending stop() is handled as by run() (and returns 0).
@@ -242,9 +240,7 @@ class EventLoop {
   // Destroys the core, or, inside one of its dispatches, leaves that to the run call.
   void release_core() noexcept;
 
-  expected<void> run_until(const char* call, const detail::Deadline& deadline) noexcept {
-    return detail::named(call, run_rounds(call, deadline));
-  }
+  expected<void> run_until(const char* call, const detail::Deadline& deadline) noexcept;
   expected<void> run_rounds(const char* call, const detail::Deadline& deadline) noexcept;
 
   std::unique_ptr<detail::LoopCore> core_;

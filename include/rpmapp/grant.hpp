@@ -93,9 +93,7 @@ class Grant {
   /// when `out` is shorter than mr_descriptor_size (nothing is written then).
   expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept;
   /// As above, into a char buffer.
-  expected<std::size_t> write_descriptor(std::span<char> out) const noexcept {
-    return write_descriptor(std::as_writable_bytes(out));
-  }
+  expected<std::size_t> write_descriptor(std::span<char> out) const noexcept;
 
   /// Revokes the grant now (the Grant is empty afterwards, whatever the result): the window
   /// is deallocated at once when its bind's completion has been read, else when it is (see

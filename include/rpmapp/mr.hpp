@@ -135,14 +135,9 @@ class MrLocal {
   /// is written then).
   expected<std::size_t> write_descriptor(std::span<std::byte> out) const noexcept;
   /// As above, into a char buffer (librpma programs keep descriptors in char arrays).
-  expected<std::size_t> write_descriptor(std::span<char> out) const noexcept {
-    return write_descriptor(std::as_writable_bytes(out));
-  }
+  expected<std::size_t> write_descriptor(std::span<char> out) const noexcept;
   /// The scope it was registered with. Errors: inval when empty.
-  expected<MrScope> scope() const noexcept {
-    if (!mr_) return detail::fail(detail::moved_from("MrLocal::scope"));
-    return scope_;
-  }
+  expected<MrScope> scope() const noexcept;
   /// How its grants are made (see GrantMode). Errors: inval when empty or registered with
   /// MrScope::peer.
   expected<GrantMode> grant_mode() const noexcept;

@@ -196,56 +196,30 @@ class Peer {
   explicit operator bool() const noexcept { return state_ != nullptr; }
 
   /// The device context. Errors: inval when empty.
-  expected<ibv_context*> context() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::context"));
-    return state_->context;
-  }
+  expected<ibv_context*> context() const noexcept;
   /// The protection domain. Errors: inval when empty.
-  expected<ibv_pd*> pd() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::pd"));
-    return state_->pd.get();
-  }
+  expected<ibv_pd*> pd() const noexcept;
   /// Whether the device supports on-demand paging for RC reads and writes (librpma's
   /// rpma_utils_ibv_context_is_odp_capable): a registration refused with EOPNOTSUPP is
   /// then retried with IBV_ACCESS_ON_DEMAND. Errors: inval when empty.
-  expected<bool> odp_capable() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::odp_capable"));
-    return state_->odp;
-  }
+  expected<bool> odp_capable() const noexcept;
   /// Whether the device has native 8-byte atomic writes (IBV_WR_ATOMIC_WRITE); without
   /// them Conn::atomic_write is emulated as librpma 1.2 does. Errors: inval when empty.
-  expected<bool> native_atomic_write() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::native_atomic_write"));
-    return state_->native_atomic_write;
-  }
+  expected<bool> native_atomic_write() const noexcept;
   /// Whether Conn::flush runs natively (RDMA FLUSH, ibv_wr_flush): the build's rdma-core
   /// has it (45 on) and the device reports both flush types (IB_UVERBS_DEVICE_FLUSH_GLOBAL
   /// and _PERSISTENT; rxe from kernel 6.2), as librpma 1.3 decides. Otherwise a flush is
   /// emulated with an RDMA READ, as librpma 1.2 does. It also decides how regions are
   /// registered for flushes (MrUsage). Errors: inval when empty.
-  expected<bool> native_flush() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::native_flush"));
-    return state_->native_flush;
-  }
+  expected<bool> native_flush() const noexcept;
   /// Whether the device has memory windows bound to one queue pair (type 2A or 2B; rxe's
   /// 2B), which grants use (grant_mode()). Errors: inval when empty.
-  expected<bool> memory_windows() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::memory_windows"));
-    return state_->memory_windows;
-  }
+  expected<bool> memory_windows() const noexcept;
   /// How MrScope::grants regions are granted: windows where the device has them
   /// (memory_windows()), registrations otherwise. Errors: inval when empty.
-  expected<GrantMode> grant_mode() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::grant_mode"));
-    return state_->memory_windows ? GrantMode::windows : GrantMode::registrations;
-  }
+  expected<GrantMode> grant_mode() const noexcept;
   /// The device's name, e.g. "rxe0". Errors: inval when empty.
-  expected<std::string> device_name() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Peer::device_name"));
-    return detail::no_throw("Peer::device_name", [&]() -> expected<std::string> {
-      return std::string(detail::device_name(state_->context));
-    });
-  }
+  expected<std::string> device_name() const noexcept;
 
   /// Releases this handle. When nothing else uses the protection domain it is deallocated
   /// now and a failure is reported; otherwise it goes when its last user goes.

@@ -96,16 +96,10 @@ class Srq {
 
   /// The queue's receive CQ; an empty Cq when it was created with rcq_size 0.
   /// Errors: inval when empty.
-  expected<Cq> rcq() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Srq::rcq"));
-    return Cq(state_->rcq.get(), state_->channel.get(), false);
-  }
+  expected<Cq> rcq() const noexcept;
 
   /// The queue itself, for raw verbs. Errors: inval when empty.
-  expected<ibv_srq*> native() const noexcept {
-    if (!state_) return detail::fail(detail::moved_from("Srq::native"));
-    return state_->srq.get();
-  }
+  expected<ibv_srq*> native() const noexcept;
 
   /// Releases this handle. When no connection uses the queue any more it is destroyed now
   /// (CQ, channel, queue) and the first failure is reported; otherwise it goes with its

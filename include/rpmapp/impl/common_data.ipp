@@ -32,7 +32,8 @@ RPMAPP_DECL CommonData CommonData::describe(const MrDescriptor& region, std::uin
   return data;
 }
 
-RPMAPP_DECL expected<CommonData> CommonData::from_private_data(std::span<const std::byte> private_data) noexcept {
+RPMAPP_DECL expected<CommonData>
+CommonData::from_private_data(std::span<const std::byte> private_data) noexcept {
   constexpr const char* call = "CommonData::from_private_data";
   if (private_data.size() < sizeof(CommonData))
     return detail::fail(detail::invalid(call, "private data of {} bytes is shorter than librpma's {}-byte common_data",

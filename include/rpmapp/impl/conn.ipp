@@ -12,7 +12,8 @@ RPMAPP_BEGIN_NAMESPACE
 
 namespace detail {
 
-RPMAPP_DECL expected<std::optional<ConnEvent>> take_conn_event(const char* call, ConnectionCore& core,
+RPMAPP_DECL expected<std::optional<ConnEvent>>
+take_conn_event(const char* call, ConnectionCore& core,
                                                                const Deadline& deadline) noexcept {
   return no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
     auto event = next_cm_event(core.channel.get(), deadline);
@@ -156,8 +157,26 @@ RPMAPP_DECL expected<void> Conn::close() && noexcept {
   return closed;
 }
 
-RPMAPP_DECL Conn::Conn(std::unique_ptr<detail::ConnectionCore> core) noexcept : core_(std::move(core)) {
+RPMAPP_DECL Conn::Conn(std::unique_ptr<detail::ConnectionCore>
+core) noexcept : core_(std::move(core)) {
   core_->teardown = {"Conn::~Conn", LogLevel::warning};
+}
+
+RPMAPP_DECL expected<ConnEvent> Conn::next_event() noexcept {
+  return next("Conn::next_event", detail::Wait::forever());
+}
+
+RPMAPP_DECL expected<ConnEvent> Conn::try_next_event() noexcept {
+  return next("Conn::try_next_event", detail::Wait::none());
+}
+
+RPMAPP_DECL expected<ConnEvent> Conn::next_event_for(std::chrono::milliseconds timeout) noexcept {
+  return next("Conn::next_event_for", detail::Wait::bounded(timeout));
+}
+
+RPMAPP_DECL expected<ibv_qp*> Conn::qp() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("Conn::qp"));
+  return core_->id->qp;
 }
 
 RPMAPP_END_NAMESPACE

@@ -182,4 +182,66 @@ RPMAPP_DECL expected<bool> PendingConnReq::handle(const char* call,
                                          detail::event_name(type)));
 }
 
+RPMAPP_DECL expected<bool> ConnReq::is_incoming() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::is_incoming"));
+  return incoming_;
+}
+
+RPMAPP_DECL expected<std::span<const std::byte>> ConnReq::private_data() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::private_data"));
+  return std::span<const std::byte>(core_->private_data);
+}
+
+RPMAPP_DECL expected<std::size_t>
+ConnReq::copy_private_data(std::span<std::byte> out) const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::copy_private_data"));
+  return detail::copy_out("ConnReq::copy_private_data", core_->private_data, out);
+}
+
+RPMAPP_DECL expected<std::string> ConnReq::peer_address() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_address"));
+  return detail::no_throw("ConnReq::peer_address", [&]() -> expected<std::string> {
+    return detail::peer_address_of(core_->id.get());
+  });
+}
+
+RPMAPP_DECL expected<std::uint16_t> ConnReq::peer_port() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::peer_port"));
+  return detail::port_of(rdma_get_peer_addr(core_->id.get()));
+}
+
+RPMAPP_DECL expected<std::string_view> ConnReq::device() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::device"));
+  return std::string_view(core_->device);
+}
+
+RPMAPP_DECL expected<Peer> ConnReq::peer() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::peer"));
+  return Peer::of(core_->peer);
+}
+
+RPMAPP_DECL expected<std::uint32_t> ConnReq::qp_num() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::qp_num"));
+  return core_->id->qp->qp_num;
+}
+
+RPMAPP_DECL expected<int> PendingConnReq::fd() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("PendingConnReq::fd"));
+  return core_->channel->fd;
+}
+
+RPMAPP_DECL expected<ConnReq> PendingConnReq::try_wait() && noexcept {
+  return advance("PendingConnReq::try_wait", detail::Wait::none());
+}
+
+RPMAPP_DECL expected<ConnReq>
+PendingConnReq::wait_for(std::chrono::milliseconds timeout) && noexcept {
+  return advance("PendingConnReq::wait_for", detail::Wait::bounded(timeout));
+}
+
+RPMAPP_DECL expected<ConnReq> PendingConnReq::advance(const char* call,
+                                                      detail::Wait wait) noexcept {
+  return detail::named(call, advance_events(call, wait));
+}
+
 RPMAPP_END_NAMESPACE

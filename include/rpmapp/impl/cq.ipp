@@ -23,4 +23,14 @@ RPMAPP_DECL expected<int> Cq::fd() const noexcept {
   return channel_->fd;
 }
 
+RPMAPP_DECL expected<ibv_cq*> Cq::native() const noexcept {
+  if (!cq_) return detail::fail(empty("Cq::native"));
+  return cq_;
+}
+
+RPMAPP_DECL expected<bool> Cq::shared_channel() const noexcept {
+  if (!cq_) return detail::fail(empty("Cq::shared_channel"));
+  return shared_;
+}
+
 RPMAPP_END_NAMESPACE

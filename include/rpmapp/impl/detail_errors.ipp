@@ -11,18 +11,21 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
-RPMAPP_DECL Error detail::provider_error(std::string_view call, int sys_errno, std::string_view reason) noexcept {
+RPMAPP_DECL Error detail::provider_error(std::string_view call, int sys_errno,
+                                         std::string_view reason) noexcept {
   return Error(sys_errno == ENOMEM ? errc::nomem : errc::provider, sys_errno, call, reason);
 }
 
-RPMAPP_DECL Error detail::make_error_from(errc code, int sys_errno, const char* call, std::string_view format,
+RPMAPP_DECL Error detail::make_error_from(errc code, int sys_errno, const char* call,
+                                          std::string_view format,
                                           std::initializer_list<FormatArg> args) noexcept {
   char buf[Error::max_reason];
   const std::size_t size = format_to_buffer(buf, sizeof buf, format, args);
   return Error(code, sys_errno, call, {buf, std::min(size, sizeof buf)});
 }
 
-RPMAPP_DECL Error detail::provider_error_in(const char* operation, std::string_view call, int sys_errno,
+RPMAPP_DECL Error detail::provider_error_in(const char* operation, std::string_view call,
+                                            int sys_errno,
                                             std::string_view reason) noexcept {
   Error e = provider_error(call, sys_errno, reason);
   e.name_operation(operation);

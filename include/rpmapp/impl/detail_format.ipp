@@ -43,7 +43,8 @@ RPMAPP_DECL void detail::format_into(BoundedWriter& out, std::string_view format
   }
 }
 
-RPMAPP_DECL std::size_t detail::format_to_buffer(char* buffer, std::size_t room, std::string_view format,
+RPMAPP_DECL std::size_t detail::format_to_buffer(char* buffer, std::size_t room,
+                                                 std::string_view format,
                                                  std::initializer_list<FormatArg> args) noexcept {
   BoundedWriter out(buffer, room);
   format_into(out, format, args);

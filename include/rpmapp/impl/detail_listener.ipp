@@ -130,7 +130,8 @@ RPMAPP_DECL expected<std::shared_ptr<ListenerState>> start_listening(
   return state;
 }
 
-RPMAPP_DECL expected<void> join_listener(const char* call, ListenerState& listener, const Peer& peer) {
+RPMAPP_DECL expected<void>
+join_listener(const char* call, ListenerState& listener, const Peer& peer) {
   const std::shared_ptr<PeerState>& mine = peer.state();
   const std::string_view device = device_name(mine->context);
   std::lock_guard lock(listener.peers_mutex);
@@ -148,7 +149,8 @@ RPMAPP_DECL expected<void> join_listener(const char* call, ListenerState& listen
   return {};
 }
 
-RPMAPP_DECL expected<std::shared_ptr<ListenerState>> listen_shared(const char* call, const Peer& peer,
+RPMAPP_DECL expected<std::shared_ptr<ListenerState>>
+listen_shared(const char* call, const Peer& peer,
                                                                   std::string_view addr,
                                                                   std::string_view port,
                                                                   const ListenOptions& options,
@@ -204,7 +206,8 @@ RPMAPP_DECL expected<std::shared_ptr<ListenerState>> listen_shared(const char* c
   return state;
 }
 
-RPMAPP_DECL expected<void> release_listener(std::shared_ptr<ListenerState> state, Teardown by) noexcept {
+RPMAPP_DECL expected<void>
+release_listener(std::shared_ptr<ListenerState> state, Teardown by) noexcept {
   if (!state->shared) return state->stop(by);  // plain listeners: one handle, no registry
   auto& registry = listener_registry();
   std::lock_guard lock(registry.mutex);

@@ -8,7 +8,8 @@
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
-RPMAPP_DECL expected<ConnReq> LoopAccess::take_request(const char* call, ListenerState& listener, const KeptConfig& kept) {
+RPMAPP_DECL expected<ConnReq> LoopAccess::take_request(const char* call, ListenerState& listener,
+                                                       const KeptConfig& kept) {
   auto core = accept_request(call, listener, kept.config, kept.srq, Wait::none());
   if (!core) return fail(core.error());
   return ConnReq(std::move(*core), true);
@@ -46,7 +47,8 @@ RPMAPP_DECL bool ResolveAwaiter::attempt() noexcept {
   return true;
 }
 
-RPMAPP_DECL ConnectAwaiter::ConnectAwaiter(LoopCore* core, const Peer& peer, std::string_view addr, std::string_view port,
+RPMAPP_DECL ConnectAwaiter::ConnectAwaiter(LoopCore*
+core, const Peer& peer, std::string_view addr, std::string_view port,
                                            const ConnConfig& config, std::span<const std::byte> private_data,
                                            std::chrono::milliseconds timeout) noexcept
     : Awaiter(core, "EventLoop::connect", timeout), peer_(&peer), addr_(addr), port_(port), config_(config) {

@@ -348,7 +348,8 @@ RPMAPP_DECL bool LoopCore::unlink(Waiter& w, Waiter*& head, Waiter*& tail) noexc
   return false;
 }
 
-RPMAPP_DECL expected<std::size_t> run_round(LoopCore* core, const Deadline& deadline, bool& destroyed) noexcept {
+RPMAPP_DECL expected<std::size_t>
+run_round(LoopCore* core, const Deadline& deadline, bool& destroyed) noexcept {
   expected<std::size_t> ran = std::size_t{0};
   if (core->stop_requested.exchange(false)) core->cancel_awaiters();
   else ran = core->run_once(deadline);

@@ -60,4 +60,59 @@ RPMAPP_DECL expected<ConnReq> Endpoint::next(const char* call, const ConnConfig&
   });
 }
 
+RPMAPP_DECL expected<std::shared_ptr<ConnReqHandler>> Endpoint::handler() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::handler"));
+  return std::static_pointer_cast<ConnReqHandler>(state_->handler);
+}
+
+RPMAPP_DECL expected<ConnReq> Endpoint::next_conn_req(const ConnConfig& config) noexcept {
+  return next("Endpoint::next_conn_req", config, detail::Wait::forever());
+}
+
+RPMAPP_DECL expected<ConnReq> Endpoint::try_next_conn_req(const ConnConfig& config) noexcept {
+  return next("Endpoint::try_next_conn_req", config, detail::Wait::none());
+}
+
+RPMAPP_DECL expected<ConnReq> Endpoint::next_conn_req_for(std::chrono::milliseconds timeout,
+                                                          const ConnConfig& config) noexcept {
+  return next("Endpoint::next_conn_req_for", config, detail::Wait::bounded(timeout));
+}
+
+RPMAPP_DECL expected<int> Endpoint::fd() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::fd"));
+  return state_->channel->fd;
+}
+
+RPMAPP_DECL expected<std::uint16_t> Endpoint::port() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::port"));
+  return state_->port;
+}
+
+RPMAPP_DECL expected<std::string> Endpoint::local_address() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::local_address"));
+  return detail::no_throw("Endpoint::local_address", [&]() -> expected<std::string> {
+    return detail::address_of(rdma_get_local_addr(state_->id.get()));
+  });
+}
+
+RPMAPP_DECL expected<std::uint64_t> Endpoint::service_id() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::service_id"));
+  return detail::tcp_service_id(state_->port);
+}
+
+RPMAPP_DECL expected<std::string_view> Endpoint::device() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::device"));
+  return std::string_view(state_->device);
+}
+
+RPMAPP_DECL expected<long> Endpoint::share_count() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::share_count"));
+  return detail::handle_count(*state_);
+}
+
+RPMAPP_DECL expected<void> Endpoint::shutdown() && noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Endpoint::shutdown"));
+  return detail::named("Endpoint::shutdown", release({"Endpoint::shutdown", LogLevel::warning}));
+}
+
 RPMAPP_END_NAMESPACE

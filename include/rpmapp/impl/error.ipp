@@ -35,7 +35,8 @@ RPMAPP_DECL std::string Error::message() const {
   return text;
 }
 
-RPMAPP_DECL std::size_t detail::write_message(const Error& error, char* buffer, std::size_t room) noexcept {
+RPMAPP_DECL std::size_t detail::write_message(const Error& error, char* buffer,
+                                              std::size_t room) noexcept {
   BoundedWriter out(buffer, room);
   if (!error.operation().empty() && error.operation() != error.call()) {
     out.put(error.operation());

@@ -65,7 +65,8 @@ RPMAPP_DECL expected<Registration> EventLoop::serve(Endpoint& endpoint, ConnReqH
   });
 }
 
-RPMAPP_DECL expected<Registration> EventLoop::watch(Conn& conn, std::function<void(expected<ConnEvent> event)> handler) noexcept {
+RPMAPP_DECL expected<Registration> EventLoop::watch(
+    Conn& conn, std::function<void(expected<ConnEvent> event)> handler) noexcept {
   constexpr const char* call = "EventLoop::watch";
   if (!core_) return detail::fail(detail::moved_from(call));
   detail::ConnectionCore* core = detail::LoopAccess::core(conn);
@@ -155,7 +156,8 @@ RPMAPP_DECL void EventLoop::release_core() noexcept {
   core_.reset();
 }
 
-RPMAPP_DECL expected<void> EventLoop::run_rounds(const char* call, const detail::Deadline& deadline) noexcept {
+RPMAPP_DECL expected<void> EventLoop::run_rounds(const char* call,
+                                                 const detail::Deadline& deadline) noexcept {
   if (auto ok = check_running(call); !ok) return ok;
   detail::LoopCore* core = core_.get();  // a handler may destroy *this: only `core` from here
   for (;;) {
@@ -170,6 +172,19 @@ RPMAPP_DECL expected<void> EventLoop::run_rounds(const char* call, const detail:
     if (!ran) return detail::fail(ran.error());
     if (auto failed = core->take_failure(); !failed) return failed;
   }
+}
+
+RPMAPP_DECL expected<void> EventLoop::run() noexcept {
+  return run_until("EventLoop::run", detail::Deadline(detail::Wait::forever()));
+}
+
+RPMAPP_DECL expected<void> EventLoop::run_for(std::chrono::milliseconds duration) noexcept {
+  return run_until("EventLoop::run_for", detail::Deadline(detail::Wait::bounded(duration)));
+}
+
+RPMAPP_DECL expected<void> EventLoop::run_until(const char* call,
+                                                const detail::Deadline& deadline) noexcept {
+  return detail::named(call, run_rounds(call, deadline));
 }
 
 RPMAPP_END_NAMESPACE

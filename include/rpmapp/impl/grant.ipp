@@ -14,7 +14,8 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
-RPMAPP_DECL expected<Grant> Grant::make(Conn& conn, const MrLocal& region, std::size_t offset, std::size_t len,
+RPMAPP_DECL expected<Grant> Grant::make(Conn& conn, const MrLocal& region, std::size_t offset,
+                                        std::size_t len,
                                         MrUsage usage, std::uint64_t context) noexcept {
   constexpr const char* call = "Grant::make";
   if (!conn) return detail::fail(detail::moved_from(call));
@@ -79,7 +80,8 @@ RPMAPP_DECL expected<void> Grant::revoke() && noexcept {
   return revoked;
 }
 
-RPMAPP_DECL expected<void> Grant::register_range(detail::ConnectionCore& core, detail::GrantRegistry& region_grants,
+RPMAPP_DECL expected<void> Grant::register_range(detail::ConnectionCore& core,
+                                                 detail::GrantRegistry& region_grants,
                                                  const std::shared_ptr<detail::GrantState>& state, ibv_mr* region,
                                                  std::size_t offset, std::size_t len, MrUsage usage) noexcept {
   const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(region->addr) + offset;
@@ -97,7 +99,8 @@ RPMAPP_DECL expected<void> Grant::register_range(detail::ConnectionCore& core, d
   return core.grants.add(state);
 }
 
-RPMAPP_DECL expected<void> Grant::bind(detail::ConnectionCore& core, detail::GrantRegistry& region_grants,
+RPMAPP_DECL expected<void> Grant::bind(detail::ConnectionCore& core,
+                                       detail::GrantRegistry& region_grants,
                                        const std::shared_ptr<detail::GrantState>& state, ibv_mr* region,
                                        MrUsage region_usage, std::size_t offset, std::size_t len, MrUsage usage,
                                        std::uint64_t context) noexcept {
@@ -155,6 +158,10 @@ RPMAPP_DECL void Grant::revoke_logged(const char* where) noexcept {
   auto state = std::move(state_);
   if (auto revoked = state->revoke({where, LogLevel::warning}, false); !revoked) [[unlikely]]
     detail::log(LogLevel::warning, where, revoked.error());
+}
+
+RPMAPP_DECL expected<std::size_t> Grant::write_descriptor(std::span<char> out) const noexcept {
+  return write_descriptor(std::as_writable_bytes(out));
 }
 
 RPMAPP_END_NAMESPACE

@@ -30,7 +30,8 @@ RPMAPP_DECL bool detail::log_enabled(LogLevel level) noexcept {
          static_cast<int>(level) <= static_cast<int>(state.threshold.load(std::memory_order_relaxed));
 }
 
-RPMAPP_DECL void detail::log(LogLevel level, std::string_view where, std::string_view text) noexcept {
+RPMAPP_DECL void detail::log(LogLevel level, std::string_view where,
+                             std::string_view text) noexcept {
   if (!log_enabled(level)) return;
   if (LogFunction fn = log_state().function.load(std::memory_order_acquire)) fn(level, where, text);
 }

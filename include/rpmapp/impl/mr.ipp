@@ -19,7 +19,8 @@ RPMAPP_DECL std::uint64_t get_le(const std::byte* in, int bytes) noexcept {
   return value;
 }
 
-RPMAPP_DECL MrDescriptor encode_descriptor(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey,
+RPMAPP_DECL MrDescriptor
+encode_descriptor(std::uint64_t addr, std::uint64_t len, std::uint32_t rkey,
                                            MrUsage usage) noexcept {
   MrDescriptor d{};
   put_le(d.data(), addr, 8);
@@ -39,7 +40,8 @@ RPMAPP_DECL expected<std::size_t> copy_descriptor(const char* call, const MrDesc
 }
 }  // namespace detail
 
-RPMAPP_DECL expected<MrLocal> MrLocal::reg(const Peer& peer, void* ptr, std::size_t size, MrUsage usage,
+RPMAPP_DECL expected<MrLocal> MrLocal::reg(const Peer& peer, void* ptr, std::size_t size,
+                                           MrUsage usage,
                                            MrScope scope) noexcept {
   constexpr const char* call = "MrLocal::reg";
   if (!peer) return detail::fail(detail::moved_from(call));
@@ -96,7 +98,8 @@ RPMAPP_DECL expected<MrDescriptor> MrLocal::descriptor() const noexcept {
                                    mr_->rkey, usage_);
 }
 
-RPMAPP_DECL expected<std::size_t> MrLocal::write_descriptor(std::span<std::byte> out) const noexcept {
+RPMAPP_DECL expected<std::size_t>
+MrLocal::write_descriptor(std::span<std::byte> out) const noexcept {
   constexpr const char* call = "MrLocal::write_descriptor";
   if (!mr_) return detail::fail(detail::moved_from(call));
   if (grants_) return detail::fail(grants_only(call));
@@ -110,7 +113,8 @@ RPMAPP_DECL expected<GrantMode> MrLocal::grant_mode() const noexcept {
   return by_windows_ ? GrantMode::windows : GrantMode::registrations;
 }
 
-RPMAPP_DECL expected<void> MrLocal::advise(std::size_t offset, std::size_t len, ibv_advise_mr_advice advice,
+RPMAPP_DECL expected<void> MrLocal::advise(std::size_t offset, std::size_t len,
+                                           ibv_advise_mr_advice advice,
                                            std::uint32_t flags) const noexcept {
   constexpr const char* call = "MrLocal::advise";
   if (!mr_) return detail::fail(detail::moved_from(call));
@@ -149,7 +153,8 @@ RPMAPP_DECL void MrLocal::dereg_logged(const char* where) noexcept {
     detail::log(LogLevel::warning, where, released.error());
 }
 
-RPMAPP_DECL expected<MrRemote> MrRemote::from_descriptor(std::span<const std::byte> descriptor) noexcept {
+RPMAPP_DECL expected<MrRemote>
+MrRemote::from_descriptor(std::span<const std::byte> descriptor) noexcept {
   constexpr const char* call = "MrRemote::from_descriptor";
   if (descriptor.size() != mr_descriptor_size)
     return detail::fail(detail::invalid(call, "a descriptor is {} bytes, not {}", descriptor.size(),
@@ -165,6 +170,15 @@ RPMAPP_DECL expected<MrRemote> MrRemote::from_descriptor(std::span<const std::by
   if (addr + len < addr)
     return detail::fail(detail::invalid(call, "address 0x{:x} + length {} overflows", addr, len));
   return MrRemote(addr, len, rkey, static_cast<MrUsage>(usage));
+}
+
+RPMAPP_DECL expected<std::size_t> MrLocal::write_descriptor(std::span<char> out) const noexcept {
+  return write_descriptor(std::as_writable_bytes(out));
+}
+
+RPMAPP_DECL expected<MrScope> MrLocal::scope() const noexcept {
+  if (!mr_) return detail::fail(detail::moved_from("MrLocal::scope"));
+  return scope_;
 }
 
 RPMAPP_END_NAMESPACE

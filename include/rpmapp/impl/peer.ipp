@@ -90,7 +90,8 @@ RPMAPP_DECL expected<MemoryRegion> register_memory(const PeerState& peer, void* 
   return MemoryRegion(mr);
 }
 
-RPMAPP_DECL expected<void> open_domain(const char* call, PeerState& state, ibv_context* context) noexcept {
+RPMAPP_DECL expected<void>
+open_domain(const char* call, PeerState& state, ibv_context* context) noexcept {
   errno = 0;
   state.pd.reset(provider().alloc_pd(context));
   if (!state.pd) {
@@ -109,7 +110,8 @@ RPMAPP_DECL expected<void> open_domain(const char* call, PeerState& state, ibv_c
   return {};
 }
 
-RPMAPP_DECL expected<std::shared_ptr<PeerState>> own_domain(const char* call, const PeerState& like) noexcept {
+RPMAPP_DECL expected<std::shared_ptr<PeerState>>
+own_domain(const char* call, const PeerState& like) noexcept {
   std::shared_ptr<PeerState> state;
   try {
     state = std::make_shared<PeerState>();
@@ -226,6 +228,48 @@ RPMAPP_DECL void Peer::release_logged(const char* where) noexcept {
     if (auto released = state->release(by); !released) [[unlikely]]
       detail::log(by.level, by.where, released.error());
   }
+}
+
+RPMAPP_DECL expected<ibv_context*> Peer::context() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::context"));
+  return state_->context;
+}
+
+RPMAPP_DECL expected<ibv_pd*> Peer::pd() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::pd"));
+  return state_->pd.get();
+}
+
+RPMAPP_DECL expected<bool> Peer::odp_capable() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::odp_capable"));
+  return state_->odp;
+}
+
+RPMAPP_DECL expected<bool> Peer::native_atomic_write() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::native_atomic_write"));
+  return state_->native_atomic_write;
+}
+
+RPMAPP_DECL expected<bool> Peer::native_flush() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::native_flush"));
+  return state_->native_flush;
+}
+
+RPMAPP_DECL expected<bool> Peer::memory_windows() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::memory_windows"));
+  return state_->memory_windows;
+}
+
+RPMAPP_DECL expected<GrantMode> Peer::grant_mode() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::grant_mode"));
+  return state_->memory_windows ? GrantMode::windows : GrantMode::registrations;
+}
+
+RPMAPP_DECL expected<std::string> Peer::device_name() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::device_name"));
+  return detail::no_throw("Peer::device_name", [&]() -> expected<std::string> {
+    return std::string(detail::device_name(state_->context));
+  });
 }
 
 RPMAPP_END_NAMESPACE

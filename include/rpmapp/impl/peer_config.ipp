@@ -10,7 +10,8 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
-RPMAPP_DECL expected<PeerConfig> PeerConfig::from_descriptor(std::span<const std::byte> descriptor) noexcept {
+RPMAPP_DECL expected<PeerConfig>
+PeerConfig::from_descriptor(std::span<const std::byte> descriptor) noexcept {
   constexpr const char* call = "PeerConfig::from_descriptor";
   if (descriptor.size() != peer_config_descriptor_size)
     return detail::fail(detail::invalid(call, "a peer configuration descriptor is 1 byte, not {}",

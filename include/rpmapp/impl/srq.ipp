@@ -82,4 +82,14 @@ RPMAPP_DECL void Srq::release_logged(const char* where) noexcept {
   }
 }
 
+RPMAPP_DECL expected<Cq> Srq::rcq() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Srq::rcq"));
+  return Cq(state_->rcq.get(), state_->channel.get(), false);
+}
+
+RPMAPP_DECL expected<ibv_srq*> Srq::native() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Srq::native"));
+  return state_->srq.get();
+}
+
 RPMAPP_END_NAMESPACE
