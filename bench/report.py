@@ -48,6 +48,7 @@ TARGETS = [
     ("instr", ("read", "write", "send", "recv"), None, "second", 1.1),
     ("compile", ("include",), None, "second", 1.25),  # second = deps_include.cpp, the floor
     ("compile", ("tu",), None, "second", 1.5),
+    ("compile", ("tu, compiled mode",), None, "second", 1.5),
     ("memory", None, ("KiB/conn RSS", "KiB/conn peak"), "second", 1.1),
     ("serve", None, None, "second", 0.95),
 ]
@@ -526,7 +527,7 @@ into it. `RpmappSide::*_cycle` is the benchmark's loop with rpmapp's inline API 
 (`Conn::next_event`, `disconnect`, ...) inlined into it."""
 
 
-def phase_table(phases, tus=("rpmapp_include", "rpmapp_tu", "deps_include")):
+def phase_table(phases, tus=("rpmapp_include", "rpmapp_tu", "rpmapp_tu:compiled", "deps_include")):
     """Row 5 by g++ phase: each phase's share of a translation unit's user CPU time, and
     its garbage-collected memory."""
     if "TOTAL" not in phases:
@@ -537,7 +538,7 @@ def phase_table(phases, tus=("rpmapp_include", "rpmapp_tu", "deps_include")):
     order = [p for p in names if p in phases]
     order += [p for p in phases if p not in names and p not in ("setup", "TOTAL")]
     total = phases["TOTAL"]
-    lines = ["| g++ phase | " + " | ".join(f"{tu}.cpp: share of time, MB" for tu in tus) + " |",
+    lines = ["| g++ phase | " + " | ".join(f"{tu.replace(':compiled', '.cpp, compiled mode') if ':' in tu else tu + '.cpp'}: share of time, MB" for tu in tus) + " |",
              "|---" * (len(tus) + 1) + "|"]
 
     def cell(phase, tu):
@@ -560,6 +561,30 @@ garbage-collected memory allocated in it. `-ftime-report` slows the compiler dow
 the clock around every step), so its seconds are only good for shares; the timed row 5 is
 the cost. `deps_include.cpp` is the floor: the headers rpmapp's headers include, nothing
 else."""
+
+
+def mode_table(groups):
+    """Row 5's compiled mode against header-only: rpmapp's compile time and memory in
+    compiled mode over the same source's header-only, paired by repetition."""
+    lines = ["| translation unit | metric | header-only | compiled mode | compiled / header-only |",
+             "|---|---|---|---|---|"]
+    for (bench, param, metric), g in groups.items():
+        compiled = groups.get((bench, f"{param}, compiled mode", metric), {})
+        if bench != "compile" or param.endswith("compiled mode") or "rpmapp" not in compiled:
+            continue
+        (a, sa), (b, sb) = summary(g["rpmapp"]), summary(compiled["rpmapp"])
+        med, lo, hi = paired(compiled["rpmapp"], g["rpmapp"])
+        lines.append(f"| {param} | {metric} ↓ | {fmt_value(a)} ±{sa / 2:.0f}% | {fmt_value(b)} ±{sb / 2:.0f}% "
+                     f"| {med:.2f} [{lo:.2f}–{hi:.2f}] |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+MODE_LEGEND = """Row 5 in both modes: the same sources compiled header-only and with
+`-DRPMAPP_SEPARATE_COMPILATION` (docs/packaging.md, "Header-only or compiled"), each mode's
+rows against its own floor (`deps_include.cpp` compiled in that mode) in the table above,
+and here against each other, paired by repetition. "example 01 server" is
+`examples/01-connection/server.cpp`. Compiled mode's one-time cost, librpmapp itself, is not
+in these rows."""
 
 
 def pool_table(groups):
@@ -618,6 +643,9 @@ def main():
     profile_md = profile_tables(read.profile)
     if profile_md:
         print("\n4. instructions by kind of work, per operation (rpmapp / hand-written):\n" + profile_md)
+    mode_md = mode_table(groups)
+    if mode_md:
+        print("\n5. compile cost, compiled mode against header-only:\n" + mode_md)
     phase_md = phase_table(read.phases)
     if phase_md:
         print("\n5. compile cost by g++ phase:\n" + phase_md)
@@ -679,6 +707,9 @@ def main():
         f.write(md + "\n\n" + LEGEND + "\n\n")
         if profile_md:
             f.write("## Instructions: where they go\n\n" + PROFILE_LEGEND + "\n\n" + profile_md + "\n\n")
+        if mode_md:
+            f.write("## Compile cost: compiled mode against header-only\n\n" + MODE_LEGEND + "\n\n"
+                    + mode_md + "\n\n")
         if phase_md:
             f.write("## Compile cost: where it goes\n\n" + PHASE_LEGEND + "\n\n" + phase_md + "\n\n")
         if calls_md:

@@ -1,5 +1,6 @@
 // Benchmark 5 (compile cost): the floor. Exactly the headers rpmapp's public headers
-// include from outside rpmapp (standard, POSIX, rdma-core, fmt, tl-expected), so that
+// include from outside rpmapp (standard, POSIX, rdma-core, fmt, tl-expected) in the mode it
+// is compiled in (header-only, or -DRPMAPP_SEPARATE_COMPILATION), so that
 // rpmapp_include / deps_include is what rpmapp's own code costs on top of its
 // dependencies. bench/run checks (g++ -H) that both include the same headers.
 #include <version>
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <iterator>
@@ -39,12 +41,15 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#if !defined(RPMAPP_SEPARATE_COMPILATION)  // only the definitions use them
 #include <ifaddrs.h>
 #include <net/if.h>
+#endif
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <fmt/core.h>
