@@ -15,7 +15,6 @@
 #include <functional>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>

@@ -14,12 +14,10 @@
 #include <rpmapp/error.hpp>
 #include <rpmapp/log.hpp>
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <utility>
 

@@ -11,7 +11,6 @@
 #include <rpmapp/detail/loop_core.hpp>
 
 #include <coroutine>
-#include <optional>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <initializer_list>
 #include <new>
-#include <utility>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {

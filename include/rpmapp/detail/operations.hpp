@@ -4,8 +4,6 @@
 #include <rpmapp/detail/connection.hpp>
 #include <rpmapp/detail/data_path.hpp>
 
-#include <array>
-#include <cstring>
 #include <span>
 
 RPMAPP_BEGIN_NAMESPACE
