@@ -25,7 +25,7 @@ enum Call : unsigned char {
   c_create_event_channel, c_destroy_event_channel, c_create_id, c_destroy_id, c_bind_addr,
   c_listen, c_resolve_addr, c_resolve_route, c_get_cm_event,
   c_ack_cm_event, c_migrate_id, c_create_qp, c_destroy_qp, c_accept, c_reject, c_connect,
-  c_disconnect, c_get_devices, c_free_devices, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
+  c_disconnect, c_get_devices, c_free_devices, c_get_device_list, c_free_device_list, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
   c_destroy_comp_channel, c_create_cq, c_destroy_cq, c_req_notify_cq, c_fcntl, c_poll,
   c_query_device_ex, c_reg_mr, c_dereg_mr, c_advise_mr, c_create_qp_ex, c_post_send, c_post_recv,
   c_post_srq_recv, c_post_atomic_write, c_post_flush, c_poll_cq, c_get_cq_event, c_ack_cq_events, c_create_srq,
@@ -297,6 +297,17 @@ inline const rpmapp::detail::Provider provider = {
     },
     // free_devices
     [](ibv_context**) { note(c_free_devices); },
+    // get_device_list: the one fake device, present
+    [](int* n) -> ibv_device** {
+      note(c_get_device_list);
+      static ibv_device* list[2];
+      list[0] = &world.device;
+      list[1] = nullptr;
+      if (n) *n = 1;
+      return list;
+    },
+    // free_device_list
+    [](ibv_device**) { note(c_free_device_list); },
     // alloc_pd
     [](ibv_context*) -> ibv_pd* {
       note(c_alloc_pd);

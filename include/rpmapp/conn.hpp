@@ -95,7 +95,9 @@ class Conn {
   /// Errors:
   /// - inval: the Conn is empty.
   /// - no_event: only from try_next_event and next_event_for: nothing in time.
-  /// - provider: poll, rdma_get_cm_event or rdma_ack_cm_event failed.
+  /// - provider: poll, rdma_get_cm_event or rdma_ack_cm_event failed. ENODEV (call
+  ///   rdma_get_cm_event): every call after the `lost` of RDMA_CM_EVENT_DEVICE_REMOVAL (the
+  ///   kernel destroyed the id: no event comes any more); release the connection.
   /// - unknown: an event that has no ConnEvent (it is acknowledged; the reason names it).
   /// - nomem: out of memory storing the peer's private data.
   expected<ConnEvent> next_event() noexcept;

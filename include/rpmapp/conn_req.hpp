@@ -42,7 +42,9 @@ class ConnReq {
   /// - provider: rdma_create_event_channel, fcntl (making its fd non-blocking),
   ///   rdma_create_id, rdma_resolve_addr, rdma_resolve_route (also an
   ///   ADDR_ERROR / ROUTE_ERROR event, errno from its status), poll, rdma_get_cm_event,
-  ///   ibv_create_comp_channel, ibv_create_cq, ibv_req_notify_cq or rdma_create_qp failed.
+  ///   ibv_create_comp_channel, ibv_create_cq, ibv_req_notify_cq or rdma_create_qp failed;
+  ///   ENODEV: `peer`'s device was removed (nothing is called; docs/peer.md, "Device
+  ///   removal").
   /// - nomem: out of memory.
   /// Thread safety: may be called concurrently.
   static expected<ConnReq> to(const Peer& peer, std::string_view addr, std::string_view port,

@@ -49,7 +49,8 @@ class Endpoint {
   ///   `peer`'s.
   /// - provider: rdma_create_event_channel, fcntl (making its fd non-blocking),
   ///   rdma_create_id, rdma_bind_addr or rdma_listen failed (errno and
-  ///   call in the Error; e.g. EADDRINUSE).
+  ///   call in the Error; e.g. EADDRINUSE); ENODEV: `peer`'s device was removed (nothing is
+  ///   called; docs/peer.md, "Device removal").
   /// - nomem: out of memory.
   static expected<Endpoint> listen(const Peer& peer, std::string_view addr,
                                    std::string_view port,
@@ -135,7 +136,10 @@ class Endpoint {
   /// - provider: poll, rdma_get_cm_event, ibv_create_comp_channel, ibv_create_cq,
   ///   ibv_req_notify_cq, rdma_create_qp, rdma_ack_cm_event, rdma_create_event_channel,
   ///   fcntl or rdma_migrate_id failed (the request is rejected). A request queued so long that its
-  ///   client has given up can fail this way (rdma_create_qp, EINVAL).
+  ///   client has given up can fail this way (rdma_create_qp, EINVAL). ENODEV (call
+  ///   rdma_get_cm_event): the listener's device was removed (RDMA_CM_EVENT_DEVICE_REMOVAL;
+  ///   the kernel destroyed the listening id): this call and every later one, which reads
+  ///   nothing; release the endpoint (docs/peer.md, "Device removal").
   /// - nomem: out of memory (the request is rejected).
   expected<ConnReq> next_conn_req(const ConnConfig& config = {}) noexcept;
   /// As next_conn_req, but returns no_event at once when no request is pending (or

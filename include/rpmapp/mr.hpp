@@ -74,7 +74,8 @@ class MrLocal {
   /// - inval: empty `peer`; `ptr` null; `size` 0; `usage` empty; a grants scope with
   ///   read_dst on iWARP (a READ destination must be remotely writable there).
   /// - provider: ibv_reg_mr failed (errno in the Error; e.g. EFAULT for memory that is not
-  ///   mapped, EPERM/ENOMEM beyond the locked-memory limit).
+  ///   mapped, EPERM/ENOMEM beyond the locked-memory limit); ENODEV: `peer`'s device was
+  ///   removed (nothing is called; docs/peer.md, "Device removal").
   /// - nomem: ibv_reg_mr failed with ENOMEM (often RLIMIT_MEMLOCK), or out of memory.
   /// Thread safety: may be called concurrently.
   static expected<MrLocal> reg(const Peer& peer, void* ptr, std::size_t size, MrUsage usage,

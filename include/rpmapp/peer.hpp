@@ -36,6 +36,7 @@ struct PeerState {
   bool native_flush = false;         // ibv_wr_flush, both flush types (rdma-core 45 on)
   bool memory_windows = false;       // type 2A or 2B: windows bound to one queue pair (grants)
   ProtectionDomain pd;
+  bool uses_device = false;  // counted in device_registry() (use_device); released after the domain
   // Where emulated flushes read to: one page, registered once per Peer, shared by its
   // connections (what lands there is never looked at).
   std::unique_ptr<std::byte, FreeDeleter> flush_buffer;
@@ -86,7 +87,7 @@ struct PeerState {
 
   /// Closes the spare event channels, destroys the spare CQs, deregisters the flush
   /// buffer and deallocates the domain, reporting the first failure (the rest is still
-  /// released). Idempotent.
+  /// released); then stops counting as a user of the device (release_device). Idempotent.
   expected<void> release(Teardown by) noexcept;
 };
 
@@ -138,6 +139,13 @@ enum class AddressKind {
 /// A protection domain on one RDMA device (librpma's rpma_peer). Move-only handle; the
 /// domain lives until the Peer and everything made from it (endpoints, requests,
 /// connections) are gone, so destroying a Peer first is safe.
+/// Device removal: once any cm_id of the device reported RDMA_CM_EVENT_DEVICE_REMOVAL (its
+/// connections report ConnEvent::lost, its listeners an error), registering memory,
+/// ConnReq::to and Endpoint::listen on the Peer fail with provider ENODEV naming the device;
+/// queries still answer. The kernel's removal of a device that cannot disassociate its users
+/// (rxe) waits until every process has let go of it: release everything made on the device;
+/// the last domain of it to go then has librdmacm close its context (rdma_get_devices), which
+/// lets the removal finish. A device added back needs a new Peer. docs/peer.md, "Device removal".
 /// Thread safety: a Peer may be used from several threads at once (all its calls are
 /// const); creating and destroying Peers is thread-safe.
 class Peer {

@@ -4,6 +4,7 @@
 // under load, a hostile peer, and a client that dies after the server accepted but before
 // the connection is established. Each is bounded, states its
 // expected outcome and checks the kernel resource ledger (ledger.hpp) before and after.
+// [device-removal] deletes $SOFTROCE_DEV and adds it back: it runs last, in the VM only.
 // Client processes are fault_client (built next to this binary). Needs $SOFTROCE_IP;
 // fails, never skips, without it. The flood's size: $RPMAPP_FLOOD_ATTEMPTS (default 500,
 // the CI size; 1000 is the issue's size), $RPMAPP_FLOOD_ACCEPT_DELAY_MS (default 5).
@@ -96,7 +97,8 @@ std::string client_path() {
 // a bound.
 class ClientProcess {
  public:
-  explicit ClientProcess(std::vector<std::string> args, bool with_stdin = false) {
+  explicit ClientProcess(std::vector<std::string> args, bool with_stdin = false,
+                         const std::string& exe = client_path()) {
     char tmpl[] = "/tmp/fault_client_XXXXXX";
     const int fd = ::mkstemp(tmpl);
     REQUIRE(fd >= 0);
@@ -109,7 +111,6 @@ class ClientProcess {
     posix_spawn_file_actions_adddup2(&actions, fd, STDERR_FILENO);
     posix_spawn_file_actions_addclose(&actions, fd);
     if (with_stdin) posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
-    const std::string exe = client_path();
     args.insert(args.begin(), exe);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -128,6 +129,10 @@ class ClientProcess {
                                                  long in_flight, long timeout_ms) {
     return std::make_unique<ClientProcess>(std::vector<std::string>{
         ip, std::to_string(port), std::to_string(attempts), std::to_string(in_flight), std::to_string(timeout_ms)});
+  }
+  // Another program: `command` run by sh, e.g. "rdma link delete rxe0".
+  static std::unique_ptr<ClientProcess> shell(const std::string& command) {
+    return std::make_unique<ClientProcess>(std::vector<std::string>{"-c", command}, false, "/bin/sh");
   }
   ClientProcess(const ClientProcess&) = delete;
   ~ClientProcess() {
@@ -171,6 +176,17 @@ class ClientProcess {
     pid_ = -1;
     return true;
   }
+  // Whether it exited within `timeout`; still running, it is left so.
+  bool exited_within(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (!poll_exit()) {
+      if (Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(20ms);
+    }
+    return true;
+  }
+  // Forgets a process that cannot be killed (blocked in the kernel), so that no wait hangs.
+  void abandon() { pid_ = -1; }
   // Waits up to `timeout`; kills it and FAILs when it is still running (a hang).
   void wait(std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
@@ -953,6 +969,147 @@ TEST_CASE("a client that dies after the server accepted, before the connection i
   }
   check_ledger_returns(baseline, "after the clients that died before established");
   check_all_processes_return(all_before, "the clients that died before established");
+}
+
+// ---------------------------------------------------------------- device removal
+
+// A coroutine on `loop` awaiting `ep`'s next request; its outcome lands in `out`.
+rpmapp::Task<> await_request(rpmapp::EventLoop& loop, Endpoint& ep, std::optional<rpmapp::expected<ConnReq>>& out) {
+  out.emplace(co_await loop.next_conn_req(ep, {}, 60s));
+}
+
+// The error of a call on the removed device `dev`: provider, ENODEV, naming it.
+void check_removed(const rpmapp::Error& e, const std::string& dev, const char* what) {
+  INFO(what << ": " << e.message());
+  CHECK(e.code() == errc::provider);
+  CHECK(e.sys_errno() == ENODEV);
+  CHECK_THAT(e.message(), Catch::Contains("device " + dev + " was removed (RDMA_CM_EVENT_DEVICE_REMOVAL)"));
+}
+
+// Runs `command` in the guest; FAILs unless it exits 0 within `bound` (a hang is left behind).
+void run_command(const std::string& command, std::chrono::milliseconds bound) {
+  auto process = ClientProcess::shell(command);
+  if (!process->exited_within(bound)) {
+    process->abandon();
+    FAIL(command << ": still running after " << bound.count() << " ms");
+  }
+  INFO(command << ": " << process->output());
+  CHECK(process->exit_status() == 0);
+}
+
+// The Peer of `ip` once its (re-added) device has the address's GID: rxe adds it shortly after.
+Peer peer_when_ready(const std::string& ip) {
+  const auto deadline = Clock::now() + 20s;
+  for (;;) {
+    auto peer = Peer::from_address(ip, rpmapp::AddressKind::local);
+    if (peer || Clock::now() > deadline) return MUST(std::move(peer));
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
+TEST_CASE("a device removed (rdma link delete) under a listener, a connection, a serving loop, an "
+          "awaiting coroutine and registered memory: each hears of it once, every later call is "
+          "ENODEV naming the device, the other device serves, the removal completes once they are "
+          "released, and the re-added device serves a new Peer; nothing leaks",
+          "[device-removal]") {
+  // Deletes and re-adds the device: only in the throw-away VM.
+  env_or_fail("SOFTROCE_VM", "it deletes and re-adds $SOFTROCE_DEV: run it in tools/rpmapp-vm");
+  const std::string dev = env_or_fail("SOFTROCE_DEV"), netdev = env_or_fail("SOFTROCE_NETDEV");
+  const std::string ip2 = env_or_fail("SOFTROCE_IP2");
+  reliability::open_librdmacm_devices();
+  const Ledger baseline = reliability::ledger_of();
+  std::string ip;
+  double released_to_removed = 0;
+  bool waited_for_release = false;
+  {
+    Listening listening;
+    auto& [listen_ip, peer, ep, port] = listening;
+    ip = listen_ip;
+    Peer other = local_peer(ip2);
+    Endpoint other_ep = MUST(Endpoint::listen(other, ip2, "0"));
+    // A wildcard listener spans both devices, with Peers of its own.
+    Peer wildcard_peers[] = {local_peer(ip), local_peer(ip2)};
+    Endpoint wildcard = MUST(Endpoint::listen(std::span<const Peer>(wildcard_peers), "0.0.0.0", "0"));
+    std::vector<std::byte> memory(4096);
+    MrLocal mr = MUST(MrLocal::reg(peer, memory, MrUsage::write_src | MrUsage::write_dst));
+    Conn client = start_client(peer, ip, port);
+    Conn server = MUST(take_request(ep).connect());
+    establish(client, server);
+    rpmapp::EventLoop loop = MUST(rpmapp::EventLoop::create());
+    Endpoint served = MUST(Endpoint::listen(peer, ip, "0"));
+    std::vector<rpmapp::Error> serve_errors;
+    auto registration = MUST(loop.serve(served, [&](rpmapp::expected<ConnReq> req) {
+      if (!req) serve_errors.push_back(req.error());
+    }));
+    Endpoint awaited = MUST(Endpoint::listen(peer, ip, "0"));
+    std::optional<rpmapp::expected<ConnReq>> awaited_request;
+    MUST(rpmapp::spawn(loop, await_request(loop, awaited, awaited_request)));
+    MUST(loop.run_once(0ms));
+
+    const auto t0 = Clock::now();
+    auto deletion = ClientProcess::shell("rdma link delete " + dev);
+    // The loop's listener and the coroutine's hear of it.
+    while ((serve_errors.empty() || !awaited_request) && Clock::now() < t0 + event_wait)
+      MUST(loop.run_for(50ms));
+    REQUIRE(serve_errors.size() == 1);
+    check_removed(serve_errors[0], dev, "EventLoop::serve's handler");
+    REQUIRE(awaited_request);
+    REQUIRE_FALSE(*awaited_request);
+    check_removed(awaited_request->error(), dev, "co_await next_conn_req");
+    MUST(loop.run_for(100ms));
+    CHECK(serve_errors.size() == 1);  // once
+    // Both ends of the connection: lost (the passive side may see closed first).
+    for (Conn* conn : {&client, &server}) {
+      ConnEvent event = wait_event(*conn, "a connection on the removed device");
+      if (event == ConnEvent::closed) event = wait_event(*conn, "a connection on the removed device");
+      CHECK(event == ConnEvent::lost);
+      check_removed(MUST_FAIL(conn->next_event_for(10ms)), dev, "Conn::next_event_for after lost");
+    }
+    const double heard = seconds_since(t0);
+    check_removed(MUST_FAIL(ep.next_conn_req_for(event_wait)), dev, "Endpoint::next_conn_req_for");
+    check_removed(MUST_FAIL(ep.next_conn_req_for(10ms)), dev, "Endpoint::next_conn_req_for, again");
+    check_removed(MUST_FAIL(MrLocal::reg(peer, memory, MrUsage::read_src)), dev, "MrLocal::reg");
+    check_removed(MUST_FAIL(ConnReq::to(peer, ip, port)), dev, "ConnReq::to");
+    check_removed(MUST_FAIL(Endpoint::listen(peer, ip, "0")), dev, "Endpoint::listen");
+    // rxe cannot disassociate its users: the kernel's removal waits for them to let go.
+    waited_for_release = !deletion->exited_within(500ms);
+    check_serves(other, ip2, other_ep);  // the other device is untouched
+    check_serves(other, ip2, wildcard);  // and served by the wildcard listener
+
+    registration = {};
+    MUST(std::move(client).close());
+    MUST(std::move(server).close());
+    MUST(std::move(ep).shutdown());
+    MUST(std::move(served).shutdown());
+    MUST(std::move(awaited).shutdown());
+    MUST(std::move(mr).dereg());
+    MUST(std::move(wildcard).shutdown());  // it holds its Peers
+    MUST(std::move(wildcard_peers[0]).close());
+    const auto released = Clock::now();
+    MUST(std::move(peer).close());
+    if (!deletion->exited_within(20s)) {
+      deletion->abandon();
+      FAIL("rdma link delete " << dev << " still waits 20 s after every object of the device was released");
+    }
+    CHECK(deletion->exit_status() == 0);
+    released_to_removed = seconds_since(released);
+    std::cout << "faults [device-removal]: " << dev << ": events heard after " << heard
+              << " s; rdma link delete waited for the release: " << (waited_for_release ? "yes" : "no")
+              << "; removed " << released_to_removed << " s after the last Peer was closed; listener error: "
+              << serve_errors[0].message() << std::endl;
+    check_serves(other, ip2, other_ep);
+    MUST(std::move(other_ep).shutdown());
+  }
+  // The device comes back: a new Peer and Endpoint on it serve.
+  run_command("rdma link add " + dev + " type rxe netdev " + netdev, 20s);
+  {
+    Peer peer = peer_when_ready(ip);
+    Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+    check_serves(peer, ip, ep);
+    MUST(std::move(ep).shutdown());
+  }
+  reliability::open_librdmacm_devices();  // librdmacm's context of the new device, as at the baseline
+  check_ledger_returns(baseline, "after the device was removed and added back");
 }
 
 }  // namespace

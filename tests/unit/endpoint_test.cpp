@@ -285,10 +285,10 @@ TEST_CASE("Endpoint::next_conn_req: an unexpected event is inval, acknowledged",
   {
     Peer peer = open_peer(fake);
     Endpoint ep = listen_on(peer, "169.254.77.1");
-    fake.inject_event(*ep.fd(), RDMA_CM_EVENT_DEVICE_REMOVAL);
+    fake.inject_event(*ep.fd(), RDMA_CM_EVENT_MULTICAST_ERROR);  // DEVICE_REMOVAL: device_removal_test
     auto req = ep.try_next_conn_req();
     REQUIRE_FALSE(req);
-    check_inval(req.error(), "Endpoint::try_next_conn_req", "DEVICE_REMOVAL");
+    check_inval(req.error(), "Endpoint::try_next_conn_req", "MULTICAST_ERROR");
     CHECK(fake.alive("unacked_event") == 0);
     fake.inject_event(*ep.fd(), RDMA_CM_EVENT_ADDR_CHANGE);
     fake.fail("rdma_ack_cm_event", kErr);

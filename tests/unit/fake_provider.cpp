@@ -114,7 +114,7 @@ std::string Sent::text() const {
 
 bool cannot_fail(std::string_view call) {
   return call == "rdma_destroy_event_channel" ||
-         call == "rdma_free_devices" || call == "ibv_ack_cq_events";
+         call == "rdma_free_devices" || call == "ibv_free_device_list" || call == "ibv_ack_cq_events";
 }
 
 std::vector<std::pair<std::string, int>> failable_calls(const std::vector<std::string>& log) {
@@ -609,12 +609,18 @@ struct FakeProvider::Impl {
       if (num_devices) *num_devices = 0;
       return nullptr;
     }
+    // librdmacm syncs its list first: a removed device is dropped, and its context closed
+    // (ibv_close_device) unless a cm_id or an earlier list still holds it
+    for (int d = 0; d < device_count; ++d)
+      if (f().removed_[d]) f().librdmacm_closes(d);
     auto* list = new ibv_context*[device_count + 1];
-    for (int d = 0; d < device_count; ++d) list[d] = f().cm_contexts_[d];
-    list[device_count] = nullptr;
+    int n = 0;
+    for (int d = 0; d < device_count; ++d)
+      if (!f().removed_[d]) list[n++] = f().cm_contexts_[d];
+    list[n] = nullptr;
     f().device_lists_.insert(list);
     f().created("device_list");
-    if (num_devices) *num_devices = device_count;
+    if (num_devices) *num_devices = n;
     return list;
   }
 
@@ -623,6 +629,31 @@ struct FakeProvider::Impl {
     f().calls_.emplace_back("rdma_free_devices");
     if (!f().device_lists_.erase(list)) return f().note("rdma_free_devices: list not alive");
     f().destroyed("device_list");
+    delete[] list;
+  }
+
+  static ibv_device** get_device_list(int* num_devices) {
+    auto lock = f().lock();
+    if (fails("ibv_get_device_list")) {
+      if (num_devices) *num_devices = 0;
+      return nullptr;
+    }
+    auto* list = new ibv_device*[device_count + 1];
+    int n = 0;
+    for (int d = 0; d < device_count; ++d)
+      if (!f().removed_[d]) list[n++] = &f().devices_[d];
+    list[n] = nullptr;
+    f().ibv_device_lists_.insert(list);
+    f().created("ibv_device_list");
+    if (num_devices) *num_devices = n;
+    return list;
+  }
+
+  static void free_device_list(ibv_device** list) {
+    auto lock = f().lock();
+    f().calls_.emplace_back("ibv_free_device_list");
+    if (!f().ibv_device_lists_.erase(list)) return f().note("ibv_free_device_list: list not alive");
+    f().destroyed("ibv_device_list");
     delete[] list;
   }
 
@@ -1747,6 +1778,8 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::disconnect>::call,
     Sentinel<&FakeProvider::Impl::get_devices>::call,
     Sentinel<&FakeProvider::Impl::free_devices>::call,
+    Sentinel<&FakeProvider::Impl::get_device_list>::call,
+    Sentinel<&FakeProvider::Impl::free_device_list>::call,
     Sentinel<&FakeProvider::Impl::alloc_pd>::call,
     Sentinel<&FakeProvider::Impl::dealloc_pd>::call,
     Sentinel<&FakeProvider::Impl::create_comp_channel>::call,
@@ -1817,6 +1850,7 @@ FakeProvider::~FakeProvider() {
   for (auto& [x, info] : srqs_) delete x;
   for (auto* x : pds_) delete x;
   for (auto* x : device_lists_) delete[] x;
+  for (auto* x : ibv_device_lists_) delete[] x;
   ::close(probe_epoll_);
   g_current = nullptr;
 }
@@ -1843,6 +1877,35 @@ void FakeProvider::swap_contexts(int device) {
 }
 
 std::string FakeProvider::address(int device) { return device_addresses[device]; }
+
+void FakeProvider::remove_device(int device) {
+  auto held = lock();
+  removed_[device] = true;
+  ibv_context* context = cm_contexts_[device];
+  for (auto& [id, info] : ids_)
+    if (id->verbs == context && id->channel != nullptr)
+      queue_event(id->channel, make_event(id, RDMA_CM_EVENT_DEVICE_REMOVAL, {}, 0, 0));
+}
+
+bool FakeProvider::device_context_closed(int device) const {
+  auto held = lock();
+  return context_closed_[device];
+}
+
+void FakeProvider::librdmacm_closes(int device) {
+  if (context_closed_[device]) return;
+  ibv_context* context = cm_contexts_[device];
+  for (auto& [id, info] : ids_)
+    if (id->verbs == context) return;  // ucma_put_device closes it with the last one
+  for (ibv_context** list : device_lists_)
+    for (ibv_context** entry = list; *entry != nullptr; ++entry)
+      if (*entry == context) return;
+  context_closed_[device] = true;
+  for (ibv_pd* pd : pds_)
+    if (pd->context == context)
+      note("rdma_get_devices: librdmacm closed the context of removed device " +
+           std::string(devices_[device].name) + " while a protection domain of it was alive");
+}
 
 void FakeProvider::fail(std::string call, int err, int nth) {
   auto held = lock();

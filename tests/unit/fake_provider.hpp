@@ -219,6 +219,15 @@ class FakeProvider {
   /// reopened a device: Peers opened before hold a context the cm_ids no longer carry.
   void swap_contexts(int device);
   static std::string address(int device);  ///< "169.254.77.1" / "169.254.78.1"
+  /// The kernel removes `device` (`rdma link delete` of a device without disassociation,
+  /// as rxe): every cm_id on it gets RDMA_CM_EVENT_DEVICE_REMOVAL, and neither
+  /// ibv_get_device_list nor rdma_get_devices lists it any more. rdma_get_devices (librdmacm's
+  /// sync) then closes librdmacm's context of it once no cm_id or earlier list holds it; a
+  /// protection domain of it still alive then is a misuse (its Peer's calls would reach a
+  /// closed context). Objects of the device keep working meanwhile (rxe's do).
+  void remove_device(int device);
+  /// Whether librdmacm closed its context of the removed `device` (the removal can finish).
+  bool device_context_closed(int device) const;
 
   // ---- fault injection and the call log
   /// The `nth` next call named `call` (e.g. "rdma_listen") fails with `err`.
@@ -491,6 +500,11 @@ class FakeProvider {
   ibv_context foreign_[device_count]{};
   ibv_context* cm_contexts_[device_count]{};  // librdmacm's: &contexts_[d] or &foreign_[d]
   std::set<ibv_context**> device_lists_;      // rdma_get_devices arrays not yet freed
+  std::set<ibv_device**> ibv_device_lists_;   // ibv_get_device_list arrays not yet freed
+  bool removed_[device_count]{};              // remove_device
+  bool context_closed_[device_count]{};       // librdmacm closed its context of a removed device
+  /// librdmacm's sync for removed `device`: closes its context unless a cm_id or a list holds it.
+  void librdmacm_closes(int device);
 
   std::map<rdma_event_channel*, Channel> channels_;
   std::map<rdma_cm_id*, IdInfo> ids_;

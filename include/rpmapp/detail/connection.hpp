@@ -43,6 +43,7 @@ struct ConnectionCore {
   bool direct_write_to_pmem = false;  // the peer's (Conn::apply_remote_peer_config)
   bool closed_reported = false;       // ConnEvent::closed was reported
   bool lost_reported = false;         // ConnEvent::lost was reported for path.failed
+  bool device_removed = false;        // ConnEvent::lost was reported for DEVICE_REMOVAL
   /// Told by the connection's queues when the peer stopped answering; tells `watchers`.
   PathMonitor path{false, &watchers, &grants};
   bool completion_fds_nonblocking = false;  // an event loop made them O_NONBLOCK

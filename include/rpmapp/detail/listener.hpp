@@ -75,6 +75,7 @@ struct ListenerState {
   std::string device;  // "" for a wildcard listener
   std::uint16_t port = 0;
   bool shared = false;
+  bool removed = false;  // its device was removed (DEVICE_REMOVAL): every later take fails
   ListenerKey key;   // shared listeners only
   long handles = 1;  // Endpoint handles; for shared listeners guarded by the registry mutex
   /// A shared listener's connection request handler (a ConnReqHandler), fixed when it is

@@ -76,6 +76,9 @@ struct Provider {
   ibv_context** (*get_devices)(int* num_devices);
   void (*free_devices)(ibv_context**);
   // libibverbs
+  /// The devices present now (a removed one is no longer listed; the array is the caller's).
+  ibv_device** (*get_device_list)(int* num_devices);
+  void (*free_device_list)(ibv_device**);
   ibv_pd* (*alloc_pd)(ibv_context*);
   int (*dealloc_pd)(ibv_pd*);
   ibv_comp_channel* (*create_comp_channel)(ibv_context*);
@@ -151,6 +154,8 @@ inline const Provider system_provider = {
     rdma_disconnect,
     rdma_get_devices,
     rdma_free_devices,
+    [](int* num_devices) { return ibv_get_device_list(num_devices); },  // a macro in some builds
+    ibv_free_device_list,
     ibv_alloc_pd,
     ibv_dealloc_pd,
     ibv_create_comp_channel,

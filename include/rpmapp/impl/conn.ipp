@@ -29,8 +29,10 @@ take_conn_event(const char* call, ConnectionCore& core,
     if (carries_data && !data.empty()) core.private_data.swap(data);
     switch (type) {
       case RDMA_CM_EVENT_ESTABLISHED: return ConnEvent::established;
-      case RDMA_CM_EVENT_CONNECT_ERROR:
-      case RDMA_CM_EVENT_DEVICE_REMOVAL: return ConnEvent::lost;
+      case RDMA_CM_EVENT_CONNECT_ERROR: return ConnEvent::lost;
+      case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        core.device_removed = true;  // the kernel destroyed the id: no event comes any more
+        return ConnEvent::lost;
       case RDMA_CM_EVENT_DISCONNECTED:
       case RDMA_CM_EVENT_TIMEWAIT_EXIT:
         if (core.closed_reported) {
@@ -51,6 +53,9 @@ take_conn_event(const char* call, ConnectionCore& core,
 
 RPMAPP_DECL expected<ConnEvent> next_conn_event(const char* call, ConnectionCore& core,
                                                 const Deadline& deadline) noexcept {
+  if (core.device_removed) [[unlikely]]
+    return fail(removed_device_error("rdma_get_cm_event", core.peer ? core.peer->context : nullptr)
+                    .name_operation(call));
   if (core.path.failed.load(std::memory_order_relaxed) && !core.lost_reported) {
     core.lost_reported = true;
     log(LogLevel::notice, call, Error(errc::provider, 0, "ibv_poll_cq",

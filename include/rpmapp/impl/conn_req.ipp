@@ -77,6 +77,8 @@ RPMAPP_DECL expected<PendingConnReq> ConnReq::start_as(const char* call, const P
   if (*number == 0) return detail::fail(detail::invalid(call, "cannot connect to port 0"));
   where.set_port(*number);
   if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
+  if (auto present = detail::check_device(call, peer.state()->context); !present)
+    return detail::fail(present.error());
   return detail::no_throw(call, [&]() -> expected<PendingConnReq> {
     const detail::Provider& p = detail::provider();
     auto core = std::make_unique<detail::ConnectionCore>();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/device_context.hpp>
 #include <rpmapp/detail/format.hpp>
 
 #include <fcntl.h>
@@ -54,8 +55,12 @@ RPMAPP_DECL expected<CmEvent> next_cm_event(rdma_event_channel* channel, const D
   int empty_read = 0;  // errno of the last read that found nothing
   CmReadFailure failed;
   for (;;) {
-    if (rdma_cm_event* event = poll_cm_event(channel, deadline, p, empty_read, failed))
+    if (rdma_cm_event* event = poll_cm_event(channel, deadline, p, empty_read, failed)) {
+      // every later call on the device's objects fails clearly (check_device)
+      if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL && event->id != nullptr)
+        mark_device_removed(event->id->verbs);
       return CmEvent(event, CmEventAcker{{&p}});
+    }
     if (failed.call != nullptr) return fail(provider_error(failed.call, failed.sys_errno));
     if (deadline.passed())
       return fail(Error(errc::no_event, empty_read, "rdma_get_cm_event",

@@ -33,15 +33,21 @@ RPMAPP_DECL void ServeWaiter::handle(std::uint32_t) {
       return detail::LoopAccess::take_request("EventLoop::serve", *listener, config);
     });
     if (!request && request.error() == errc::no_event) return;  // another loop took it
+    // A removed device's listener fails every take the same way: the handler hears it once.
+    const bool removed = listener->removed;
     // The handler may release this registration: the waiter (and so the handler)
     // lives until the dispatch is over (HandlerWaiter::ready).
     if (shared_handler) (*shared_handler)(std::move(request));
     else handler(std::move(request));
+    if (removed) return;
   }
 }
 
 RPMAPP_DECL void ConnWaiter::handle(std::uint32_t) {
   for (int i = 0; i < per_round && !done(); ++i) {
+    // After DEVICE_REMOVAL (reported as lost) no event comes: the handler is not called again
+    // with the error every later call gives.
+    if (core->device_removed) return;
     auto event = detail::next_conn_event("EventLoop::watch", *core, detail::Deadline(detail::Wait::none()));
     if (!event && event.error() == errc::no_event) return;
     handler(std::move(event));

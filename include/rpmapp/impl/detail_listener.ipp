@@ -67,6 +67,7 @@ RPMAPP_DECL expected<std::shared_ptr<ListenerState>> start_listening(
   if (peers.empty()) return fail(invalid(call, "no peer given"));
   for (std::size_t i = 0; i < peers.size(); ++i) {
     if (!peers[i]) return fail(invalid(call, "peer {} is empty (moved from or closed)", i));
+    if (auto present = check_device(call, peers[i].state()->context); !present) return fail(present.error());
     for (std::size_t j = 0; j < i; ++j)
       if (device_name(peers[j].state()->context) == device_name(peers[i].state()->context))
         return fail(invalid(call, "peers {} and {} are both on device {}", j, i,
@@ -230,6 +231,8 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
                                                                      const ConnConfig& config,
                                                                      const std::shared_ptr<SrqState>& srq,
                                                                      Wait wait) {
+  // the kernel destroyed the listening id with its device: no request comes any more
+  if (listener.removed) return fail(removed_device_error("rdma_get_cm_event", listener.id->verbs));
   auto core = std::make_unique<ConnectionCore>();
   core->teardown = {call, LogLevel::notice};  // until a ConnReq owns it
   core->config = config;
@@ -241,6 +244,10 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   const rdma_cm_event_type type = (*event)->event;
   if (type != RDMA_CM_EVENT_CONNECT_REQUEST) {
     if (auto acked = ack(*event); !acked) return fail(acked.error());
+    if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+      listener.removed = true;
+      return fail(removed_device_error("rdma_get_cm_event", listener.id->verbs));
+    }
     return fail(invalid(call, "unexpected event {} on a listening endpoint", event_name(type)));
   }
   core->id = CmId((*event)->id, CmIdDeleter{true});

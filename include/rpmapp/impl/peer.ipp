@@ -64,12 +64,17 @@ RPMAPP_DECL expected<void> PeerState::release(Teardown by) noexcept {
   if (flush_mr) first.value_call(seam->dereg_mr(flush_mr.release()), "ibv_dereg_mr");
   flush_buffer.reset();
   if (pd) first.value_call(seam->dealloc_pd(pd.release()), "ibv_dealloc_pd");
+  if (uses_device) {
+    uses_device = false;
+    release_device(*seam, context);
+  }
   return first.result();
 }
 
 RPMAPP_DECL expected<MemoryRegion> register_memory(const PeerState& peer, void* addr,
                                                    std::size_t size, MrUsage usage,
                                                    Rights rights) noexcept {
+  if (auto present = check_device("ibv_reg_mr", peer.context); !present) return fail(present.error());
   const Provider& p = provider();
   const int access = rights == Rights::of_usage ? access_for(usage, peer.iwarp, peer.native_flush)
                      : rights == Rights::for_windows ? access_for_grants(usage, peer.iwarp)
@@ -100,6 +105,8 @@ open_domain(const char* call, PeerState& state, ibv_context* context) noexcept {
     return fail(provider_error("ibv_alloc_pd", e));
   }
   state.context = context;
+  if (auto used = use_device(call, context); !used) return fail(used.error());
+  state.uses_device = true;
   const long page = sysconf(_SC_PAGESIZE);
   const std::size_t page_size = page > 0 ? static_cast<std::size_t>(page) : 4096;
   state.flush_buffer.reset(static_cast<std::byte*>(std::aligned_alloc(page_size, page_size)));
