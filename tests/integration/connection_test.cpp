@@ -2,9 +2,11 @@
 // tools/rpmapp-vm): private data both ways and its limits, reject with private data,
 // requests outliving their endpoint, non-blocking outgoing requests, peers dropped first,
 // queue pairs and completion queues, connecting to a port with no listener, event channels
-// reused (ConnConfig::reuse_event_channel).
+// reused (ConnConfig::reuse_event_channel), and the fds and CQs a connection costs per
+// configuration.
 // Needs $SOFTROCE_IP; fails, never skips, without it. Every wait is bounded.
 #include "support.hpp"
+#include "../reliability/ledger.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -398,4 +400,52 @@ TEST_CASE("bad ConnReq::to arguments are inval", "[conn]") {
   CHECK(MUST_FAIL(ConnReq::to(peer, ip, "7471", ConnConfig{.cq_size = 0})).code() == errc::inval);
   CHECK(MUST_FAIL(ConnReq::to(peer, ip, "7471", ConnConfig{.retry_count = 8})).code() ==
         errc::inval);
+}
+
+// What an accepted connection costs a server process, per ConnConfig: fds (its rdma_cm
+// event channel and completion channels) and the kernel's CQs, counted over 8 connections
+// with the resource ledger (tests/reliability/ledger.hpp). docs/config.md has the table.
+TEST_CASE("fds and CQs per accepted connection, per configuration", "[conn][fds]") {
+  constexpr long n = 8;
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+  const std::string port = port_text(ep);
+  rpmapp::Srq srq = MUST(rpmapp::Srq::create(peer));  // with its own receive CQ
+  struct Case {
+    const char* name;
+    ConnConfig config;
+    long fds, cqs;  // per connection
+  };
+  ConnConfig with_rcq, shared_channel, polled, polled_rcq, on_srq;
+  with_rcq.rcq_size = 10;
+  shared_channel.rcq_size = 10;
+  shared_channel.shared_completion_channel = true;
+  polled.completion_channel = false;
+  polled_rcq.completion_channel = false;
+  polled_rcq.rcq_size = 10;
+  on_srq.srq = &srq;
+  const Case cases[] = {{"the default", {}, 2, 1},
+                        {"rcq_size 10", with_rcq, 3, 2},
+                        {"rcq_size 10, shared_completion_channel", shared_channel, 2, 2},
+                        {"completion_channel false", polled, 1, 1},
+                        {"completion_channel false, rcq_size 10", polled_rcq, 1, 2},
+                        {"srq (its receive CQ shared)", on_srq, 2, 1}};
+  for (const Case& c : cases) {
+    INFO(c.name);
+    std::vector<Conn> clients, servers;
+    for (long i = 0; i < n; ++i) clients.push_back(start_client(peer, ip, port));
+    const reliability::Ledger before = reliability::ledger_of();
+    for (long i = 0; i < n; ++i) servers.push_back(MUST(take_request(ep, c.config).connect()));
+    const reliability::Ledger after = reliability::ledger_of();
+    INFO("accepting " << n << ": " << reliability::ledger_diff(before, after));
+    CHECK(after.count("fds") - before.count("fds") == n * c.fds);
+    CHECK(after.count("cq") - before.count("cq") == n * c.cqs);
+    CHECK(after.count("qp") - before.count("qp") == n);
+    for (long i = 0; i < n; ++i) {
+      establish(clients[i], servers[i]);
+      disconnect_both(clients[i], servers[i]);
+    }
+  }
+  MUST(std::move(ep).shutdown());
 }
