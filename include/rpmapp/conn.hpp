@@ -28,7 +28,8 @@ enum class ConnEvent {
                 ///< first of DISCONNECTED and TIMEWAIT_EXIT (the other is acknowledged and
                 ///< not reported)
   lost,         ///< the connection failed or its device went away (CONNECT_ERROR,
-                ///< DEVICE_REMOVAL), or the peer stopped answering: a work request of this
+                ///< DEVICE_REMOVAL; ADDR_CHANGE: a bonding failover under its address, after
+                ///< which rdma_cm says to connect again), or the peer stopped answering: a work request of this
                 ///< connection completed with IBV_WC_RETRY_EXC_ERR (rdma_cm itself reports
                 ///< nothing while a link is down). Reported once; later events still come.
   rejected,     ///< the peer rejected the request; private_data() has its reject data

@@ -130,6 +130,8 @@ class Endpoint {
   /// request, goes back to waiting). A signal does not interrupt a wait; it is retried.
   /// Errors:
   /// - inval: empty endpoint; a bad `config`; an event other than a connection request
+  ///   (but ADDR_CHANGE, a bonding failover, which the listener survives: acknowledged,
+  ///   logged at notice, and the wait goes on)
   ///   (acknowledged; the reason names it); a request arriving on a device for which the
   ///   endpoint has no Peer (rejected; the reason names the device).
   /// - no_event: only from try_next_conn_req and next_conn_req_for: nothing in time.

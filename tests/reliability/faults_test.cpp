@@ -4,7 +4,8 @@
 // under load, a hostile peer, and a client that dies after the server accepted but before
 // the connection is established. Each is bounded, states its
 // expected outcome and checks the kernel resource ledger (ledger.hpp) before and after.
-// [device-removal] deletes $SOFTROCE_DEV and adds it back: it runs last, in the VM only.
+// [addr-change] makes a bond with an rxe device and fails it over; [device-removal] deletes
+// $SOFTROCE_DEV and adds it back (it runs last). Both run in the VM only.
 // Client processes are fault_client (built next to this binary). Needs $SOFTROCE_IP;
 // fails, never skips, without it. The flood's size: $RPMAPP_FLOOD_ATTEMPTS (default 500,
 // the CI size; 1000 is the size), $RPMAPP_FLOOD_ACCEPT_DELAY_MS (default 5).
@@ -1005,6 +1006,55 @@ Peer peer_when_ready(const std::string& ip) {
     if (peer || Clock::now() > deadline) return MUST(std::move(peer));
     std::this_thread::sleep_for(100ms);
   }
+}
+
+TEST_CASE("a bonding failover under the address (ADDR_CHANGE): both ends of an established "
+          "connection report lost, the listener acknowledges it and goes on serving; nothing leaks",
+          "[addr-change]") {
+  // Makes a bond with a device of its own: only in the throw-away VM.
+  env_or_fail("SOFTROCE_VM", "it adds a bond and an rxe device on it: run it in tools/rpmapp-vm");
+  const std::string ip = "169.254.79.1", bond = "rpbond0", dev = "rxebond0";
+  // active-backup with fail_over_mac active: the bond takes the new slave's hardware
+  // address, which is what rdma_cm reports (cma_netdev_callback); without it nothing is
+  // reported, yet rxe's queue pairs fail as well (measured: IBV_WC_LOC_QP_OP_ERR).
+  run_command("/run/rpvm-modprobe bonding && ip link add " + bond +
+                  " type bond mode active-backup miimon 100 fail_over_mac active && "
+                  "ip link add rpbondA type dummy && ip link add rpbondB type dummy && "
+                  "ip link set rpbondA master " + bond + " && ip link set rpbondB master " + bond +
+                  " && ip link set " + bond + " up && ip addr add " + ip + "/24 dev " + bond +
+                  " && rdma link add " + dev + " type rxe netdev " + bond,
+              20s);
+  const Ledger baseline = baseline_ledger();
+  {
+    Peer peer = peer_when_ready(ip);
+    Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
+    Conn client = start_client(peer, ip, port_text(ep));
+    Conn server = MUST(take_request(ep).connect());
+    establish(client, server);
+    const auto t0 = Clock::now();
+    run_command("echo rpbondB > /sys/class/net/" + bond + "/bonding/active_slave", 10s);
+    CHECK(wait_event(client, "client") == ConnEvent::lost);
+    CHECK(wait_event(server, "server") == ConnEvent::lost);
+    std::cout << "faults [addr-change]: both ends lost " << seconds_since(t0)
+              << " s after the failover was asked for" << std::endl;
+    // The listener took the event, logged it and goes on: nothing to report, then a client.
+    CHECK(MUST_FAIL(ep.next_conn_req_for(1s)).code() == errc::no_event);
+    check_serves(peer, ip, ep);
+    MUST(std::move(client).close());
+    MUST(std::move(server).close());
+    MUST(std::move(ep).shutdown());
+  }
+  check_ledger_returns(baseline, "after the bonding failover");
+  // librdmacm keeps its context of the device until it next looks at its device list:
+  // look once the deletion has taken the device off it, or the deletion waits for us.
+  auto deletion = ClientProcess::shell("rdma link delete " + dev);
+  const auto deadline = Clock::now() + 20s;
+  while (!deletion->exited_within(100ms) && Clock::now() < deadline) reliability::open_librdmacm_devices();
+  if (!deletion->exited_within(0ms)) {
+    deletion->abandon();
+    FAIL("rdma link delete " << dev << " still waits after 20 s");
+  }
+  run_command("ip link del " + bond + " && ip link del rpbondA && ip link del rpbondB", 10s);
 }
 
 TEST_CASE("a device removed (rdma link delete) under a listener, a connection, a serving loop, an "

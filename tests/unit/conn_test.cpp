@@ -41,7 +41,7 @@ TEST_CASE("Conn::next_event maps every CM event", "[conn]") {
       {RDMA_CM_EVENT_CONNECT_RESPONSE, std::nullopt},
       {RDMA_CM_EVENT_MULTICAST_JOIN, std::nullopt},
       {RDMA_CM_EVENT_MULTICAST_ERROR, std::nullopt},
-      {RDMA_CM_EVENT_ADDR_CHANGE, std::nullopt},
+      {RDMA_CM_EVENT_ADDR_CHANGE, ConnEvent::lost},
   };
   for (const auto& c : cases) {
     for (auto v : {Variant::blocking, Variant::non_blocking, Variant::timeout}) {

@@ -77,6 +77,31 @@ TEST_CASE("log: nothing is installed by default, the threshold is warning", "[lo
   CHECK(to_string(LogLevel::notice) == "notice");
 }
 
+TEST_CASE("Endpoint::next_conn_req: ADDR_CHANGE (a bonding failover) is acknowledged and "
+          "logged, and the wait goes on to the next request",
+          "[log][endpoint]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    LogCapture capture;
+    fake.inject_event(*ep.fd(), RDMA_CM_EVENT_ADDR_CHANGE);
+    auto none = ep.try_next_conn_req();
+    REQUIRE_FALSE(none);
+    CHECK(none.error().code() == errc::no_event);
+    fake.inject_event(*ep.fd(), RDMA_CM_EVENT_ADDR_CHANGE);
+    fake.inject_connect_request(*ep.fd(), {0, "after the failover"});
+    auto req = ep.try_next_conn_req();
+    REQUIRE(req);
+    CHECK(as_text(*req->private_data()).substr(0, 18) == "after the failover");
+    const Record logged{LogLevel::notice, "Endpoint::try_next_conn_req",
+                        "ADDR_CHANGE event: the address's device changed its hardware address (a "
+                        "bonding failover): the listener goes on"};
+    CHECK(capture.take() == std::vector<Record>{logged, logged});
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("log: the success paths log nothing, even at debug", "[log]") {
   LogCapture capture;
   fake::FakeProvider fake;

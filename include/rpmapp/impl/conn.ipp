@@ -30,6 +30,9 @@ take_conn_event(const char* call, ConnectionCore& core,
     switch (type) {
       case RDMA_CM_EVENT_ESTABLISHED: return ConnEvent::established;
       case RDMA_CM_EVENT_CONNECT_ERROR: return ConnEvent::lost;
+      // The address's netdev took another hardware address (a bonding failover): rdma_cm
+      // says to re-establish; on rxe the queue pair's sends then fail (measured).
+      case RDMA_CM_EVENT_ADDR_CHANGE: return ConnEvent::lost;
       case RDMA_CM_EVENT_DEVICE_REMOVAL:
         core.device_removed = true;  // the kernel destroyed the id: no event comes any more
         return ConnEvent::lost;

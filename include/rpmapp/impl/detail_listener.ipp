@@ -236,7 +236,17 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   auto core = std::make_unique<ConnectionCore>();
   core->teardown = {call, LogLevel::notice};  // until a ConnReq owns it
   core->config = config;
-  auto event = next_cm_event(listener.channel.get(), wait);
+  const Deadline deadline(wait);
+  auto event = next_cm_event(listener.channel.get(), deadline);
+  // A bonding failover under the address (ADDR_CHANGE) leaves the listener serving
+  // (measured on rxe): acknowledged, logged, and the wait goes on.
+  while (event && (*event)->event == RDMA_CM_EVENT_ADDR_CHANGE) {
+    if (auto acked = ack(*event); !acked) return fail(acked.error());
+    log_event(LogLevel::notice, call, RDMA_CM_EVENT_ADDR_CHANGE,
+              "the address's device changed its hardware address (a bonding failover): the "
+              "listener goes on");
+    event = next_cm_event(listener.channel.get(), deadline);
+  }
   if (!event) return fail(event.error());
   event->get_deleter().by = {call, LogLevel::notice};  // acknowledged there on failure only
   // `event` is declared after `core`: on failure it is acknowledged before the request's
