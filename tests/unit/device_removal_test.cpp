@@ -222,6 +222,30 @@ TEST_CASE("a removed device: when the device list cannot be read, the next last 
   fake.expect_clean();
 }
 
+TEST_CASE("a removed device: when librdmacm's sync fails, the next last Peer syncs again",
+          "[device-removal][fail]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    remove_under_connection(fake, peer, {0});
+    fake.fail("rdma_get_devices", ENOMEM);
+    const auto closing = fake.mark();
+    REQUIRE_OK(std::move(peer).close());
+    CHECK(fake.calls_since(closing) ==
+          std::vector<std::string>{"ibv_dereg_mr", "ibv_dealloc_pd", "ibv_get_device_list",
+                                   "ibv_free_device_list", "rdma_get_devices"});
+    CHECK_FALSE(fake.device_context_closed(0));
+    const auto next = fake.mark();
+    { Peer later = open_peer(fake, 1); }  // Peer::open's own check syncs it already
+    CHECK(fake.device_context_closed(0));
+    CHECK(fake.calls_since(next) ==
+          after({"rdma_get_devices", "rdma_free_devices", "ibv_query_device_ex", "ibv_alloc_pd", "ibv_reg_mr",
+                 "ibv_dereg_mr", "ibv_dealloc_pd"},
+                sync_calls));
+  }
+  fake.expect_clean();
+}
+
 }  // namespace device_removal_test
 
 #undef REQUIRE_OK  // the unit files are compiled in unity batches

@@ -133,7 +133,6 @@ RPMAPP_DECL Error removed_device_error(const char* call, const ibv_context* cont
                     device_name(context));
 }
 
-
 RPMAPP_DECL void release_device(const Provider& p, ibv_context* context) noexcept {
   auto& registry = device_registry();
   std::lock_guard lock(registry.mutex);
@@ -145,9 +144,12 @@ RPMAPP_DECL void release_device(const Provider& p, ibv_context* context) noexcep
   }
   registry.entries.erase(registry.entries.begin() + (entry - registry.entries.data()));
   if (!registry.sync_due || !peers_devices_present(p, registry)) return;
-  registry.sync_due = false;
-  // librdmacm closes the removed device's context here (when no cm_id holds it)
-  if (ibv_context** list = p.get_devices(nullptr)) p.free_devices(list);
+  // librdmacm closes the removed device's context here (when no cm_id holds it); a sync
+  // that failed is tried again by the next last Peer
+  if (ibv_context** list = p.get_devices(nullptr)) {
+    p.free_devices(list);
+    registry.sync_due = false;
+  }
 }
 
 }  // namespace detail
