@@ -4,6 +4,7 @@
 // told to let go of a removed device once no Peer uses it, which the removal waits for.
 #pragma once
 
+#include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/provider.hpp>
 #include <rpmapp/error.hpp>
 
