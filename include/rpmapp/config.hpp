@@ -8,6 +8,7 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
+class SharedCq;
 class Srq;
 
 /// Queue pair, completion queue and connection parameters of one connection
@@ -66,6 +67,17 @@ struct ConnConfig {
   /// the requests they take later: the handle may go once the call returns). Receives are then posted with Srq::recv (Conn::recv is inval), and
   /// land in the Srq's receive CQ when it has one (else in this connection's).
   const Srq* srq = nullptr;
+  /// A completion queue shared with other connections (SharedCq), instead of a CQ of the
+  /// connection's own: its send completions, and its receive completions unless its
+  /// shared receive queue has a CQ (srq), land there, tagged with Conn::id (Cq::get with
+  /// `conns`). Not owned: the connection keeps the queue alive itself (as srq). The
+  /// connection then has no CQ and no completion channel of its own: Conn::cq() is the
+  /// shared queue, cq_size and completion_channel do not apply, and rcq_size > 0,
+  /// shared_completion_channel and reuse_completion_queues are inval, as are
+  /// Conn::completion_fd, Conn::wait_completion and EventLoop::watch_completions /
+  /// completions on the connection (wait on the shared queue instead). The queue must be on
+  /// the connection's device (inval otherwise).
+  const SharedCq* shared_cq = nullptr;
   /// Take the connection's rdma_cm event channel from its Peer's spares, and give it back
   /// when the connection is released, instead of opening and closing one per connection
   /// (an open, a stat, an fcntl and a close of /dev/infiniband/rdma_cm, and the kernel's

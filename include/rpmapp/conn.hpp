@@ -132,11 +132,17 @@ class Conn {
 
   /// The queue pair number. Errors: inval when empty.
   expected<std::uint32_t> qp_num() const noexcept;
+  /// The connection's identity, which tags its completions in shared queues (SharedCq, a
+  /// shared receive queue's CQ): ConnReq::id's number, never given to another connection of
+  /// the process. Errors: inval when empty.
+  expected<ConnId> id() const noexcept;
   /// The queue pair, for the data path. Errors: inval when empty.
   expected<ibv_qp*> qp() const noexcept;
   /// The main completion queue: send completions, and receive ones unless the connection
   /// has a receive CQ (librpma's rpma_conn_get_cq). Valid while the Conn lives. Without
   /// ConnConfig::completion_channel it has no channel: poll it with Cq::get (waits are inval).
+  /// With ConnConfig::shared_cq, the shared queue (other connections' completions too:
+  /// read them with their tags, Cq::get with `conns`).
   /// Errors: inval when empty.
   expected<Cq> cq() const noexcept;
   /// The receive completion queue: the connection's own (ConnConfig::rcq_size > 0), or its
@@ -329,6 +335,7 @@ class Conn {
   }
   expected<Cq> wait_shared_event(const char* call, detail::Wait wait) noexcept {
     if (!core_) return detail::fail(detail::moved_from(call));
+    if (core_->shared_cq) return detail::fail(detail::on_shared_cq(call));
     if (!core_->config.completion_channel) return detail::fail(detail::no_completion_channel(call));
     if (!core_->config.shared_completion_channel) return detail::fail(not_shared(call));
     auto fired = detail::next_cq_event(core_->comp_channel.get(), detail::Deadline(wait));

@@ -125,6 +125,10 @@ class ConnReq {
   expected<Peer> peer() const noexcept;
   /// The queue pair number. Errors: inval when empty.
   expected<std::uint32_t> qp_num() const noexcept;
+  /// The connection's identity (Conn::id once accepted or connected), for tagging: its
+  /// completions in shared queues carry it from the start, receives completing before
+  /// the connection is established included. Errors: inval when empty.
+  expected<ConnId> id() const noexcept;
 
  private:
   friend struct detail::LoopAccess;

@@ -2,10 +2,11 @@
 // reading of work completions (ibv_wc).
 #pragma once
 
+#include <rpmapp/conn_id.hpp>
 #include <rpmapp/detail/cm_event.hpp>
+#include <rpmapp/detail/completion_routes.hpp>
 #include <rpmapp/detail/errors.hpp>
-#include <rpmapp/detail/grants.hpp>
-#include <rpmapp/detail/source_link.hpp>
+#include <rpmapp/detail/handles.hpp>
 #include <rpmapp/detail/verbs_abi.hpp>
 #include <rpmapp/error.hpp>
 
@@ -60,32 +61,6 @@ inline std::uint32_t immediate(const ibv_wc& wc) noexcept { return ntohl(wc.imm_
 
 namespace detail {
 
-/// How a connection learns from its completions that its peer stopped answering: a work
-/// request failed with IBV_WC_RETRY_EXC_ERR (the transport's retries ran out), which
-/// rdma_cm does not report while a link is down. Conn::next_event then reports
-/// ConnEvent::lost once.
-struct PathMonitor {
-  std::atomic<bool> failed{false};  // atomic: the queues may be read on another thread
-  SourceLink* watchers = nullptr;   // the connection's event-loop watchers, told once
-  GrantRegistry* grants = nullptr;  // the connection's grants: settled by their binds' completions
-};
-
-/// Looks for a transport failure among completions just read from a queue of the
-/// connection `path` watches (none: a queue shared by several connections).
-/// Also settles the connection's grants whose binds the completions show done.
-inline void watch_path(PathMonitor* path, std::span<const ibv_wc> completions) noexcept {
-  if (path == nullptr) return;
-  if (path->grants != nullptr && path->grants->pending.load(std::memory_order_relaxed) != 0) [[unlikely]]
-    path->grants->completed(completions, {"Grant (settled by its bind's completion)", LogLevel::warning});
-  if (path->failed.load(std::memory_order_relaxed)) return;
-  for (const ibv_wc& wc : completions)
-    if (wc.status == IBV_WC_RETRY_EXC_ERR) {
-      path->failed.store(true, std::memory_order_relaxed);
-      if (path->watchers != nullptr) path->watchers->signal();
-      return;
-    }
-}
-
 /// Takes the next event of a completion channel, waiting until `deadline` (poll, then
 /// read; an empty read of a non-blocking fd goes back to poll; EINTR is retried), and
 /// acknowledges it. Returns the CQ it was for (not yet re-armed).
@@ -121,12 +96,24 @@ inline expected<ibv_cq*> next_cq_event(ibv_comp_channel* channel, const Deadline
 /// The inval of a wait on a connection made without completion channels.
 Error no_completion_channel(const char* call) noexcept;
 
+/// The inval of a wait on a connection whose completions go to a SharedCq.
+Error on_shared_cq(const char* call) noexcept;
+
 /// Asks for the next completion event of `cq`. Errors: provider (ibv_req_notify_cq).
 inline expected<void> rearm(ibv_cq* cq) noexcept {
   if (int rc = provider().req_notify_cq(cq, 0); rc != 0)
     return fail(provider_error("ibv_req_notify_cq", rc));
   return {};
 }
+
+/// A completion channel for a CQ. Errors: provider (ibv_create_comp_channel).
+expected<void> make_comp_channel(CompChannel& out, ibv_context* verbs) noexcept;
+
+/// A CQ on `channel`, armed for its first completion event; without a channel (null), a
+/// CQ that is only polled, not armed.
+/// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
+expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uint32_t size,
+                       ibv_comp_channel* channel, int vector) noexcept;
 
 /// What ibv_poll_cq returning `n` (negative, or more than the `room` it was given) means:
 /// ibverbs sets no errno there, providers return -1 or a negative code, so the value itself
@@ -136,9 +123,11 @@ Error poll_error(int n, std::size_t room) noexcept;
 }  // namespace detail
 
 /// A completion queue and its completion channel: a connection's main CQ (send
-/// completions, and receive ones unless it has a receive CQ), its receive CQ, or a shared
-/// receive queue's CQ. A view: it is valid while what owns the queue (the Conn, ConnReq or
-/// Srq) lives. A default-constructed Cq is empty (every call is inval).
+/// completions, and receive ones unless it has a receive CQ), its receive CQ, a shared
+/// receive queue's CQ, or a SharedCq's queue. A view: it is valid while what owns the
+/// queue (the Conn, ConnReq, Srq or SharedCq) lives. A default-constructed Cq is empty
+/// (every call is inval). On a queue several connections share, get(out, conns) tells
+/// whose each completion is.
 ///
 /// Two ways to read completions: poll with get() (non-blocking), or wait for the channel's
 /// event and then get(). next() does both without losing a completion: it polls, and only
@@ -148,7 +137,8 @@ Error poll_error(int n, std::size_t room) noexcept;
 /// errc::shared_channel, as in librpma. A connection made without completion channels
 /// (ConnConfig::completion_channel false) has queues that are only polled: get() works,
 /// and fd(), wait(), try_wait(), wait_for(), next(), next_for() and arm() are inval.
-/// Thread safety: one thread at a time per Cq (a second reader of the channel could block).
+/// Thread safety: one thread at a time per Cq (a second reader of the channel could block);
+/// get() on a queue shared by connections from any number.
 class Cq {
  public:
   constexpr Cq() noexcept = default;
@@ -192,16 +182,20 @@ class Cq {
 
   /// Polls up to out.size() completions into `out` without waiting (librpma's
   /// rpma_cq_get_wc) and returns the filled part. Check each one's status (check(wc)): a
-  /// failed work request completes with an error status, never silently. On a queue of one
-  /// connection (Conn::cq, its own rcq), IBV_WC_RETRY_EXC_ERR (the peer stopped answering)
-  /// also makes the connection report ConnEvent::lost (Conn::next_event).
+  /// failed work request completes with an error status, never silently. IBV_WC_RETRY_EXC_ERR
+  /// (the peer stopped answering) also makes the completion's connection report
+  /// ConnEvent::lost (Conn::next_event), on every queue but a shared receive queue's CQ
+  /// that no connection ever used.
   /// Errors: inval when empty or `out` is empty; no_completion when the queue is empty;
   /// provider: ibv_poll_cq failed; unknown: it reported more than asked.
+  /// Thread safety: on a queue shared by connections (SharedCq, a shared receive queue's
+  /// CQ), get() may be called from several threads; otherwise one thread at a time.
   expected<std::span<ibv_wc>> get(std::span<ibv_wc> out) noexcept {
     if (!cq_) [[unlikely]]
       return detail::fail(empty("Cq::get"));
     if (out.empty() || out.size() > 0x7fffffffu) [[unlikely]]
       return detail::fail(detail::invalid("Cq::get", "room for {} completions: give 1 to 2^31-1", out.size()));
+    if (routes_ != nullptr) return routed_get("Cq::get", out, nullptr);
     const int n = detail::provider().poll_cq(cq_, static_cast<int>(out.size()), out.data());
     if (n > 0 && static_cast<std::size_t>(n) <= out.size()) [[likely]] {
       const auto got = out.first(static_cast<std::size_t>(n));
@@ -211,17 +205,44 @@ class Cq {
     return detail::fail(get_error(n, out.size()));
   }
 
+  /// As get(out), and tags each completion with its connection: conns[i] is the ConnId of
+  /// the connection whose queue pair produced out[i] (Conn::id). On a queue of one
+  /// connection, that connection's; on a shared queue, found by the completion's qp_num
+  /// (O(1)); ConnId{} for a queue pair that is no connection's (raw verbs). A released
+  /// connection's completions never come out of a shared queue (its release dropped them).
+  /// Errors: as get(); inval also when conns.size() < out.size() (nothing is polled).
+  expected<std::span<ibv_wc>> get(std::span<ibv_wc> out, std::span<ConnId> conns) noexcept {
+    if (!cq_) [[unlikely]]
+      return detail::fail(empty("Cq::get"));
+    if (out.empty() || out.size() > 0x7fffffffu || conns.size() < out.size()) [[unlikely]]
+      return detail::fail(detail::invalid("Cq::get", "room for {} completions and {} tags: give 1 to 2^31-1, "
+                                          "and a tag for each", out.size(), conns.size()));
+    if (routes_ != nullptr) return routed_get("Cq::get", out, conns.data());
+    auto got = get(out);
+    if (got)
+      for (std::size_t i = 0; i < got->size(); ++i) conns[i] = owner_;
+    return got;
+  }
+
   /// Returns at least one completion: polls, and while the queue is empty waits for its
   /// event (acknowledged, queue re-armed) and polls again, so that no completion is lost
   /// between the poll and the wait. A signal does not end the wait (EINTR is retried).
   /// Errors: as get() (never no_completion) and wait(); inval at once, nothing polled, on a
   /// queue without a completion channel (poll it with get()).
   expected<std::span<ibv_wc>> next(std::span<ibv_wc> out) noexcept {
-    return next_until("Cq::next", out, detail::Deadline(detail::Wait::forever()));
+    return next_until("Cq::next", out, {}, false, detail::Deadline(detail::Wait::forever()));
   }
   /// As next(), returning no_completion when nothing completed within `timeout`.
   expected<std::span<ibv_wc>> next_for(std::span<ibv_wc> out, std::chrono::milliseconds timeout) noexcept {
-    return next_until("Cq::next_for", out, detail::Deadline(detail::Wait::bounded(timeout)));
+    return next_until("Cq::next_for", out, {}, false, detail::Deadline(detail::Wait::bounded(timeout)));
+  }
+  /// next() and next_for() tagging each completion with its connection, as get(out, conns).
+  expected<std::span<ibv_wc>> next(std::span<ibv_wc> out, std::span<ConnId> conns) noexcept {
+    return next_until("Cq::next", out, conns, true, detail::Deadline(detail::Wait::forever()));
+  }
+  expected<std::span<ibv_wc>> next_for(std::span<ibv_wc> out, std::span<ConnId> conns,
+                                       std::chrono::milliseconds timeout) noexcept {
+    return next_until("Cq::next_for", out, conns, true, detail::Deadline(detail::Wait::bounded(timeout)));
   }
 
   /// The queue (for raw verbs). Errors: inval when empty.
@@ -232,9 +253,14 @@ class Cq {
 
   friend bool operator==(const Cq& a, const Cq& b) noexcept { return a.cq_ == b.cq_; }
 
-  /// Internal: a view of `cq` on `channel`, telling `path` (if any) of a transport failure.
-  Cq(ibv_cq* cq, ibv_comp_channel* channel, bool shared, detail::PathMonitor* path = nullptr) noexcept
-      : cq_(cq), channel_(channel), shared_(shared), path_(path) {}
+  /// Internal: a view of `cq` on `channel`: a queue of the connection `owner`, telling
+  /// `path` (if any) of a transport failure; or a queue several connections share, whose
+  /// `routes` tag and watch each completion.
+  Cq(ibv_cq* cq, ibv_comp_channel* channel, bool shared, detail::PathMonitor* path = nullptr,
+     ConnId owner = {}) noexcept
+      : cq_(cq), channel_(channel), shared_(shared), path_(path), owner_(owner) {}
+  Cq(ibv_cq* cq, ibv_comp_channel* channel, detail::CompletionRoutes* routes) noexcept
+      : cq_(cq), channel_(channel), routes_(routes) {}
 
  private:
   // Out of line: building an Error inline costs get()'s successful path a larger frame.
@@ -263,11 +289,19 @@ class Cq {
       return detail::fail(Error(errc::unknown, 0, "ibv_get_cq_event", "an event for another completion queue"));
     return detail::rearm(cq_);
   }
-  expected<std::span<ibv_wc>> next_until(const char* call, std::span<ibv_wc> out,
+  // The shared queues' get: parked completions first, each tagged (conns: optional).
+  expected<std::span<ibv_wc>> routed_get(const char* call, std::span<ibv_wc> out, ConnId* conns) noexcept {
+    const int n = routes_->poll(detail::provider(), cq_, out, conns);
+    if (n > 0) return out.first(static_cast<std::size_t>(n));
+    auto error = get_error(n, out.size());
+    return detail::fail(error.name_operation(call));
+  }
+
+  expected<std::span<ibv_wc>> next_until(const char* call, std::span<ibv_wc> out, std::span<ConnId> conns, bool tagged,
                                          const detail::Deadline& deadline) noexcept {
     if (cq_ && !channel_) return detail::fail(detail::no_completion_channel(call));
     for (;;) {
-      auto got = get(out);
+      auto got = tagged ? get(out, conns) : get(out);
       if (got || got.error().code() != errc::no_completion) {
         detail::name_in(got, call);
         return got;
@@ -281,6 +315,8 @@ class Cq {
   ibv_comp_channel* channel_ = nullptr;
   bool shared_ = false;
   detail::PathMonitor* path_ = nullptr;
+  ConnId owner_;
+  detail::CompletionRoutes* routes_ = nullptr;
 };
 
 RPMAPP_END_NAMESPACE

@@ -4,6 +4,7 @@
 #include <rpmapp/common_data.hpp>
 #include <rpmapp/config.hpp>
 #include <rpmapp/conn.hpp>
+#include <rpmapp/conn_id.hpp>
 #include <rpmapp/conn_req.hpp>
 #include <rpmapp/cq.hpp>
 #include <rpmapp/endpoint.hpp>
@@ -18,6 +19,7 @@
 #include <rpmapp/peer.hpp>
 #include <rpmapp/peer_config.hpp>
 #include <rpmapp/private_data.hpp>
+#include <rpmapp/shared_cq.hpp>
 #include <rpmapp/srq.hpp>
 #include <rpmapp/task.hpp>
 #include <rpmapp/version.hpp>

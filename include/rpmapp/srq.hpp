@@ -34,6 +34,8 @@ struct SrqState {
   SharedReceiveQueue srq;
   CompChannel channel;
   CompletionQueue rcq;
+  /// The connections whose receives complete into `rcq`, by queue pair number.
+  CompletionRoutes routes;
   /// Who releases the queue when the state goes: Srq::create on its failure paths, then
   /// the last of the Srq and the connections using it.
   Teardown teardown{"Srq (last reference)", LogLevel::warning};
@@ -94,7 +96,8 @@ class Srq {
     return detail::post_srq_recv("Srq::recv", state_->srq.get(), *sge, context);
   }
 
-  /// The queue's receive CQ; an empty Cq when it was created with rcq_size 0.
+  /// The queue's receive CQ; an empty Cq when it was created with rcq_size 0. Its
+  /// completions are tagged with their connections (Cq::get with `conns`).
   /// Errors: inval when empty.
   expected<Cq> rcq() const noexcept;
 

@@ -414,12 +414,13 @@ TEST_CASE("fds and CQs per accepted connection, per configuration", "[conn][fds]
   Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
   const std::string port = port_text(ep);
   rpmapp::Srq srq = MUST(rpmapp::Srq::create(peer));  // with its own receive CQ
+  rpmapp::SharedCq shared = MUST(rpmapp::SharedCq::create(peer));
   struct Case {
     const char* name;
     ConnConfig config;
     long fds, cqs;  // per connection
   };
-  ConnConfig with_rcq, shared_channel, polled, polled_rcq, on_srq;
+  ConnConfig with_rcq, shared_channel, polled, polled_rcq, on_srq, on_shared;
   with_rcq.rcq_size = 10;
   shared_channel.rcq_size = 10;
   shared_channel.shared_completion_channel = true;
@@ -427,12 +428,15 @@ TEST_CASE("fds and CQs per accepted connection, per configuration", "[conn][fds]
   polled_rcq.completion_channel = false;
   polled_rcq.rcq_size = 10;
   on_srq.srq = &srq;
+  on_shared.srq = &srq;
+  on_shared.shared_cq = &shared;
   const Case cases[] = {{"the default", {}, 2, 1},
                         {"rcq_size 10", with_rcq, 3, 2},
                         {"rcq_size 10, shared_completion_channel", shared_channel, 2, 2},
                         {"completion_channel false", polled, 1, 1},
                         {"completion_channel false, rcq_size 10", polled_rcq, 1, 2},
-                        {"srq (its receive CQ shared)", on_srq, 2, 1}};
+                        {"srq (its receive CQ shared)", on_srq, 2, 1},
+                        {"srq and shared_cq: no queue of its own", on_shared, 1, 0}};
   for (const Case& c : cases) {
     INFO(c.name);
     std::vector<Conn> clients, servers;

@@ -38,9 +38,12 @@
 namespace {
 
 using namespace itest;  // also the rpmapp names every test uses (support.hpp)
+using rpmapp::ConnId;
 using rpmapp::Cq;
 using rpmapp::FlushType;
 using rpmapp::PeerConfig;
+using rpmapp::SharedCq;
+using rpmapp::SharedCqConfig;
 using rpmapp::Srq;
 using rpmapp::SrqConfig;
 
@@ -575,6 +578,98 @@ TEST_CASE("a shared receive queue serves two connections; its handle may go firs
   MUST(std::move(server_b).close());  // the queue goes with its last connection
   MUST(std::move(client_a).close());
   MUST(std::move(client_b).close());
+}
+
+TEST_CASE("a SharedCq and a shared receive queue serve six connections: every completion tagged with its "
+          "connection, a released connection's dropped", "[data][shared-cq]") {
+  const std::string ip = ip1();
+  Peer server_peer = local_peer(ip);
+  Peer client_peer = local_peer(ip);
+  Endpoint ep = MUST(Endpoint::listen(server_peer, ip, "0"));
+  SharedCq shared = MUST(SharedCq::create(server_peer, SharedCqConfig{.size = 64}));
+  Srq srq = MUST(Srq::create(server_peer, SrqConfig{.rq_size = 32, .rcq_size = 64}));
+  const ConnConfig server_cfg{.srq = &srq, .shared_cq = &shared};
+
+  constexpr std::size_t n = 6, slot = 8;
+  Bytes server_mem(4 * n * slot), client_mem(n * slot);
+  MrLocal server_mr = MUST(MrLocal::reg(server_peer, server_mem, MrUsage::recv | MrUsage::send));
+  MrLocal client_mr = MUST(MrLocal::reg(client_peer, client_mem, MrUsage::send | MrUsage::recv));
+  for (std::size_t i = 0; i < n; ++i) client_mem[i * slot] = static_cast<std::byte>(i);  // who sends it
+  std::vector<Conn> clients, servers;
+  std::map<ConnId, std::size_t> index_of;  // the server's map from a tag to its connection
+  for (std::size_t i = 0; i < n; ++i) {
+    clients.push_back(start_client(client_peer, ip, port_text(ep)));
+    ConnReq req = take_request(ep, server_cfg);
+    index_of[MUST(req.id())] = i;
+    servers.push_back(MUST(std::move(req).connect()));
+    CHECK(index_of.count(MUST(servers.back().id())) == 1);
+    establish(clients.back(), servers.back());
+    CHECK(cq_of(servers.back()) == MUST(shared.cq()));
+  }
+  CHECK(MUST(shared.connections()) == n);
+  for (std::size_t i = 0; i < 4 * n; ++i) MUST(srq.recv(server_mr, i * slot, slot, i));
+
+  // Reads `count` completions of `cq`, each tagged; fails on an error status.
+  auto tagged = [](Cq cq, std::size_t count, const char* who) {
+    std::vector<std::pair<ibv_wc, ConnId>> all;
+    std::array<ibv_wc, 4> wcs;
+    std::array<ConnId, 4> tags;
+    while (all.size() < count) {
+      auto got = cq.next_for(std::span(wcs).first(std::min<std::size_t>(4, count - all.size())), tags, event_wait);
+      if (!got) FAIL(who << ": Cq::next_for: " << got.error().message());
+      for (std::size_t i = 0; i < got->size(); ++i) {
+        if (auto ok = rpmapp::check(wcs[i]); !ok) FAIL(who << ": " << ok.error().message());
+        all.emplace_back(wcs[i], tags[i]);
+      }
+    }
+    return all;
+  };
+  auto send_from = [&](std::size_t i) {
+    MUST(clients[i].send(client_mr, i * slot, slot, Completion::always, i));
+    expect_done(next_wc(cq_of(clients[i]), "client"), IBV_WC_SEND, i);  // acknowledged: received
+  };
+
+  // Each client sends its index; each receive comes tagged with the server connection it
+  // came through. The server answers each on the connection its tag names; each send
+  // completion comes tagged with that connection too.
+  for (std::size_t i = 0; i < n; ++i) send_from(i);
+  std::set<std::size_t> heard;
+  for (auto& [wc, tag] : tagged(MUST(srq.rcq()), n, "shared receive CQ")) {
+    REQUIRE(index_of.count(tag) == 1);
+    const std::size_t from = index_of[tag];
+    CHECK(wc.opcode == IBV_WC_RECV);
+    CHECK(wc.qp_num == MUST(servers[from].qp_num()));
+    CHECK(server_mem[wc.wr_id * slot] == static_cast<std::byte>(from));  // the client's own bytes
+    heard.insert(from);
+    MUST(clients[from].recv(client_mr, from * slot, slot, 0x100 + from));
+    MUST(servers[from].send(server_mr, wc.wr_id * slot, slot, Completion::always, 0x200 + from));
+  }
+  CHECK(heard.size() == n);
+  for (auto& [wc, tag] : tagged(MUST(shared.cq()), n, "shared CQ")) {
+    CHECK(wc.opcode == IBV_WC_SEND);
+    CHECK(wc.wr_id == 0x200 + index_of.at(tag));
+  }
+  for (std::size_t i = 0; i < n; ++i) expect_done(next_wc(cq_of(clients[i]), "client"), IBV_WC_RECV, 0x100 + i);
+
+  // Every client sends again; before the server reads anything, it releases the first
+  // three connections: their receives leave the queue with them, the others' stay.
+  for (std::size_t i = 0; i < n; ++i) send_from(i);
+  std::set<ConnId> gone;
+  for (std::size_t i = 0; i < n / 2; ++i) {
+    gone.insert(MUST(servers[i].id()));
+    disconnect_both(clients[i], servers[i]);
+    MUST(std::move(servers[i]).close());
+  }
+  CHECK(MUST(shared.connections()) == n - n / 2);
+  std::set<std::size_t> left;
+  for (auto& [wc, tag] : tagged(MUST(srq.rcq()), n - n / 2, "shared receive CQ after the releases")) {
+    CHECK(gone.count(tag) == 0);
+    left.insert(index_of.at(tag));
+  }
+  CHECK(left == std::set<std::size_t>{3, 4, 5});
+  expect_empty(MUST(srq.rcq()), "shared receive CQ");
+  expect_empty(MUST(shared.cq()), "shared CQ");
+  for (std::size_t i = n / 2; i < n; ++i) disconnect_both(clients[i], servers[i]);
 }
 
 TEST_CASE("completions and connection events through one epoll set", "[data][epoll]") {

@@ -2576,6 +2576,11 @@ void FakeProvider::complete_after_empty_poll(ibv_cq* cq, const ibv_wc& wc) {
   cqs_[cq].after_empty_poll = wc;
 }
 
+void FakeProvider::next_qp_number(std::uint32_t qp_num) {
+  auto held = lock();
+  next_qp_num_ = qp_num;
+}
+
 void FakeProvider::poll_cq_returns(ibv_cq* cq, int result) {
   auto held = lock();
   REQUIRE(cqs_.count(cq));

@@ -313,6 +313,9 @@ class FakeProvider {
   /// The next ibv_poll_cq on `cq` returns `result` and writes nothing: a provider's
   /// negative value (-1, a negative errno...), or more completions than were asked for.
   void poll_cq_returns(ibv_cq* cq, int result);
+  /// The queue pair number the next queue pair gets (then counting up from it): a device
+  /// that reuses a destroyed queue pair's number at once, as mlx5 may (rxe counts on).
+  void next_qp_number(std::uint32_t qp_num);
   /// The live memory windows, oldest first.
   std::vector<Window> windows() const;
   /// Whether an RDMA access of `access` (IBV_ACCESS_REMOTE_READ, _WRITE...) to [addr, +len)

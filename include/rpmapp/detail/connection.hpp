@@ -10,6 +10,7 @@
 #include <rpmapp/detail/source_link.hpp>
 #include <rpmapp/peer.hpp>
 #include <rpmapp/private_data.hpp>
+#include <rpmapp/shared_cq.hpp>
 #include <rpmapp/srq.hpp>
 
 #include <cstddef>
@@ -28,6 +29,7 @@ struct ConnectionCore {
   const Provider* seam = current_provider;  // the provider that makes and releases it
   std::shared_ptr<PeerState> peer;
   std::shared_ptr<SrqState> srq;  // ConnConfig::srq's, or none
+  std::shared_ptr<SharedCqState> shared_cq;  // ConnConfig::shared_cq's, or none
   EventChannel channel;
   CmId id;
   CompChannel comp_channel;  // the CQ's, or the one both CQs share (none: completion_channel off)
@@ -35,6 +37,9 @@ struct ConnectionCore {
   CompletionQueue cq;
   CompletionQueue rcq;
   QueuePairOf qp;
+  std::uint32_t qp_num = 0;  // the queue pair's, kept to retire its routes after it is gone
+  /// Tags this connection's completions in shared queues; never reused.
+  ConnId conn_id = next_conn_id();
   std::vector<std::byte> private_data;
   /// The device's name, in its ibv_device: valid while `id` holds librdmacm's device.
   std::string_view device;
@@ -90,40 +95,44 @@ inline bool reuses_cqs(const ConnectionCore& core) noexcept {
 void release_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_t size,
                 bool qp_survived, FirstError& first) noexcept;
 
+/// Once `core`'s queue pair is gone (or `qp_survived` its failed destruction): takes it
+/// out of the shared queues' routes, draining them of its completions (CompletionRoutes::
+/// retire).
+void retire_routes(const ConnectionCore& core, bool qp_survived, FirstError& first) noexcept;
+
 /// Releases everything `core` owns, in teardown order, reporting the first failure (the
 /// later ones are logged, see FirstError).
 expected<void> close_core(ConnectionCore& core, Teardown by) noexcept;
 
 expected<void> check_config(const char* call, const ConnConfig& cfg) noexcept;
 
-/// ConnConfig::srq's queue: what a config kept for later requests (EventLoop::serve,
-/// co_await next_conn_req) holds instead of the pointer, so that the Srq handle may be
-/// moved or destroyed once the call returns. Null without one (or with an empty Srq, which
-/// check_config refuses).
-inline std::shared_ptr<SrqState> srq_of(const ConnConfig& cfg) noexcept {
-  return cfg.srq != nullptr && *cfg.srq ? cfg.srq->state() : nullptr;
+/// The queues a ConnConfig shares with other connections (ConnConfig::srq, shared_cq),
+/// held: what a config kept for later requests (EventLoop::serve, co_await next_conn_req)
+/// holds instead of the pointers, so that the Srq and SharedCq handles may be moved or
+/// destroyed once the call returns.
+struct SharedQueues {
+  std::shared_ptr<SrqState> srq;            // null without one
+  std::shared_ptr<SharedCqState> cq;        // null without one
+};
+
+/// `cfg`'s shared queues (an empty handle, which check_config refuses, gives none).
+inline SharedQueues shared_queues_of(const ConnConfig& cfg) noexcept {
+  return {cfg.srq != nullptr && *cfg.srq ? cfg.srq->state() : nullptr,
+          cfg.shared_cq != nullptr && *cfg.shared_cq ? cfg.shared_cq->state() : nullptr};
 }
 
-/// Gives `core` (whose peer is known) a share of the shared receive queue `srq` (none:
-/// nothing), so that the queue outlives the connection whatever happens to the Srq handle.
-/// Errors: inval: the queue is on another Peer than the connection's, or has its own CQ
-/// while the connection wants a shared completion channel (librpma's rule).
-expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg,
-                          const std::shared_ptr<SrqState>& srq) noexcept;
+/// Gives `core` (whose peer is known) a share of the shared queues (none: nothing), so
+/// that they outlive the connection whatever happens to their handles, and clears the
+/// pointers in core.config. Errors: inval: the receive queue is on another Peer than the
+/// connection's, or has its own CQ while the connection wants a shared completion channel
+/// (librpma's rule).
+expected<void> attach_shared_queues(const char* call, ConnectionCore& core, const ConnConfig& cfg,
+                                    const SharedQueues& shared) noexcept;
 
 /// Gives `core` (its peer and config set) its rdma_cm event channel: one of the peer's
 /// spares with ConnConfig::reuse_event_channel, else a new non-blocking one.
 /// Errors: provider (rdma_create_event_channel, fcntl).
 expected<void> open_event_channel(ConnectionCore& core) noexcept;
-
-/// A completion channel for a CQ. Errors: provider (ibv_create_comp_channel).
-expected<void> make_comp_channel(CompChannel& out, ibv_context* verbs) noexcept;
-
-/// A CQ on `channel`, armed for its first completion event; without a channel (null), a
-/// CQ that is only polled, not armed.
-/// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
-expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uint32_t size,
-                       ibv_comp_channel* channel, int vector) noexcept;
 
 /// A CQ of `size` entries for `core` on `channel` (null without completion_channel): one of
 /// its peer's spares with reuse_completion_queues (which has no channel), else a new one.

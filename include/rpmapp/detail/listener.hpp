@@ -127,12 +127,12 @@ expected<void> release_listener(std::shared_ptr<ListenerState> state, Teardown b
 long handle_count(const ListenerState& state);
 
 /// Takes the next CONNECT_REQUEST of `listener` and builds the request's resources: its
-/// cm_id (rejected if anything fails), queue pair on `srq` (config.srq's queue, srq_of),
-/// and an event channel of its own.
+/// cm_id (rejected if anything fails), queue pair on `shared` (config's shared queues,
+/// shared_queues_of), and an event channel of its own.
 expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call,
                                                          ListenerState& listener,
                                                          const ConnConfig& config,
-                                                         const std::shared_ptr<SrqState>& srq,
+                                                         const SharedQueues& shared,
                                                          Wait wait);
 
 }  // namespace detail

@@ -26,11 +26,15 @@ RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
 /// A ConnConfig kept for every later request of a listener (EventLoop::serve, co_await
-/// next_conn_req): its Srq's queue held, not the pointer (the handle may move or go).
+/// next_conn_req): its Srq's and SharedCq's queues held, not the pointers (the handles
+/// may move or go).
 struct KeptConfig {
-  explicit KeptConfig(const ConnConfig& cfg) noexcept : config(cfg), srq(srq_of(cfg)) { config.srq = nullptr; }
+  explicit KeptConfig(const ConnConfig& cfg) noexcept : config(cfg), shared(shared_queues_of(cfg)) {
+    config.srq = nullptr;
+    config.shared_cq = nullptr;
+  }
   ConnConfig config;
-  std::shared_ptr<SrqState> srq;
+  SharedQueues shared;
 };
 
 /// The sources' internals the loop works with.
@@ -175,6 +179,7 @@ class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::
     if (conn_ == nullptr) return finish(invalid(call(), "the Conn is empty (moved from or closed)"));
     if (out_.empty() || out_.size() > 0x7fffffffu)
       return finish(invalid(call(), "room for {} completions: give 1 to 2^31-1", out_.size()));
+    if (conn_->shared_cq) return finish(on_shared_cq(call()));
     if (!conn_->config.completion_channel) return finish(no_completion_channel(call()));
     if (receive_ && conn_->config.shared_completion_channel)
       return finish(invalid(call(), "CqKind::receive on a shared completion channel: both queues' "

@@ -102,19 +102,29 @@ RPMAPP_DECL expected<std::uint32_t> Conn::qp_num() const noexcept {
   return core_->id->qp->qp_num;
 }
 
+RPMAPP_DECL expected<ConnId> Conn::id() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("Conn::id"));
+  return core_->conn_id;
+}
+
 RPMAPP_DECL expected<Cq> Conn::cq() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::cq"));
-  return Cq(core_->cq.get(), core_->comp_channel.get(), core_->config.shared_completion_channel, &core_->path);
+  if (core_->shared_cq) return Cq(core_->shared_cq->cq.get(), core_->shared_cq->channel.get(), &core_->shared_cq->routes);
+  return Cq(core_->cq.get(), core_->comp_channel.get(), core_->config.shared_completion_channel, &core_->path,
+            core_->conn_id);
 }
 
 RPMAPP_DECL expected<Cq> Conn::rcq() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::rcq"));
+  if (!core_->rcq && core_->srq && core_->srq->rcq)
+    return Cq(core_->srq->rcq.get(), core_->srq->channel.get(), &core_->srq->routes);
   const bool shared = core_->config.shared_completion_channel && core_->rcq;
-  return Cq(core_->receive_cq(), core_->receive_channel(), shared, core_->rcq ? &core_->path : nullptr);
+  return Cq(core_->rcq.get(), core_->receive_channel(), shared, &core_->path, core_->conn_id);
 }
 
 RPMAPP_DECL expected<int> Conn::completion_fd() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::completion_fd"));
+  if (core_->shared_cq) return detail::fail(detail::on_shared_cq("Conn::completion_fd"));
   if (!core_->config.completion_channel) return detail::fail(detail::no_completion_channel("Conn::completion_fd"));
   if (!core_->config.shared_completion_channel)
     return detail::fail(not_shared("Conn::completion_fd"));

@@ -90,8 +90,8 @@ RPMAPP_DECL expected<PendingConnReq> ConnReq::start_as(const char* call, const P
       core->peer = std::move(*own);
     }
     core->config = config;
-    core->config.srq = nullptr;  // the queue is held by core->srq from here on
-    if (auto ok = detail::attach_srq(call, *core, config, detail::srq_of(config)); !ok) return detail::fail(ok.error());
+    if (auto ok = detail::attach_shared_queues(call, *core, config, detail::shared_queues_of(config)); !ok)
+      return detail::fail(ok.error());
     if (auto ok = detail::open_event_channel(*core); !ok) return detail::fail(ok.error());
     rdma_cm_id* id = nullptr;
     errno = 0;
@@ -225,6 +225,11 @@ RPMAPP_DECL expected<Peer> ConnReq::peer() const noexcept {
 RPMAPP_DECL expected<std::uint32_t> ConnReq::qp_num() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("ConnReq::qp_num"));
   return core_->id->qp->qp_num;
+}
+
+RPMAPP_DECL expected<ConnId> ConnReq::id() const noexcept {
+  if (!core_) return detail::fail(detail::moved_from("ConnReq::id"));
+  return core_->conn_id;
 }
 
 RPMAPP_DECL expected<int> PendingConnReq::fd() const noexcept {

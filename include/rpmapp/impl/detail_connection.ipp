@@ -39,6 +39,16 @@ RPMAPP_DECL void release_cq(const ConnectionCore& core, ibv_cq* cq, std::uint32_
   first.value_call(p.destroy_cq(cq), "ibv_destroy_cq");
 }
 
+RPMAPP_DECL void retire_routes(const ConnectionCore& core, bool qp_survived, FirstError& first) noexcept {
+  const Provider& p = *core.seam;
+  if (core.shared_cq)
+    if (auto retired = core.shared_cq->routes.retire(p, core.shared_cq->cq.get(), core.qp_num, qp_survived); !retired)
+      first.note(retired.error());
+  if (core.srq && core.srq->rcq)
+    if (auto retired = core.srq->routes.retire(p, core.srq->rcq.get(), core.qp_num, qp_survived); !retired)
+      first.note(retired.error());
+}
+
 RPMAPP_DECL expected<void> close_core(ConnectionCore& core, Teardown by) noexcept {
   core.watchers.notify();
   const Provider& p = *core.seam;
@@ -52,6 +62,7 @@ RPMAPP_DECL expected<void> close_core(ConnectionCore& core, Teardown by) noexcep
     qp_survived = destroyed != 0;
     first.value_call(destroyed, "ibv_destroy_qp");
   }
+  if (core.qp_num != 0) retire_routes(core, qp_survived, first);
   if (core.rcq) release_cq(core, core.rcq.release(), core.config.rcq_size, qp_survived, first);
   if (core.cq) release_cq(core, core.cq.release(), core.config.cq_size, qp_survived, first);
   if (core.rcq_channel)
@@ -76,6 +87,7 @@ RPMAPP_DECL expected<void> close_core(ConnectionCore& core, Teardown by) noexcep
       p.destroy_event_channel(channel);
   }
   core.srq.reset();
+  core.shared_cq.reset();
   core.peer.reset();
   return first.result();
 }
@@ -99,21 +111,32 @@ RPMAPP_DECL expected<void> check_config(const char* call, const ConnConfig& cfg)
   if (cfg.own_protection_domain && cfg.srq != nullptr)
     return fail(invalid(call, "a shared receive queue is on its Peer's protection domain: a "
                               "connection with its own (own_protection_domain) cannot use one"));
+  if (cfg.shared_cq != nullptr) {
+    if (!*cfg.shared_cq) return fail(invalid(call, "shared_cq points at an empty SharedCq (moved from or closed)"));
+    if (cfg.rcq_size > 0 || cfg.shared_completion_channel || cfg.reuse_completion_queues)
+      return fail(invalid(call, "a connection on a shared CQ (shared_cq) has no CQ of its own: rcq_size must "
+                                "be 0, shared_completion_channel and reuse_completion_queues false"));
+    return {};  // completion_channel does not apply
+  }
   if (cfg.reuse_completion_queues && cfg.completion_channel)
     return fail(invalid(call, "reuse_completion_queues needs CQs without a completion channel "
                               "(set completion_channel to false)"));
   return {};
 }
 
-RPMAPP_DECL expected<void> attach_srq(const char* call, ConnectionCore& core, const ConnConfig& cfg,
-                                      const std::shared_ptr<SrqState>& srq) noexcept {
-  if (!srq) return {};
-  if (srq->peer->pd.get() != core.peer->pd.get())
-    return fail(invalid(call, "the shared receive queue belongs to another Peer than the connection's"));
-  if (cfg.shared_completion_channel && srq->rcq)
-    return fail(invalid(call, "a shared completion channel cannot carry the receive completions of a "
-                              "shared receive queue with its own CQ (as librpma)"));
-  core.srq = srq;
+RPMAPP_DECL expected<void> attach_shared_queues(const char* call, ConnectionCore& core, const ConnConfig& cfg,
+                                                const SharedQueues& shared) noexcept {
+  core.config.srq = nullptr;  // held by core.srq and core.shared_cq from here on
+  core.config.shared_cq = nullptr;
+  if (shared.srq) {
+    if (shared.srq->peer->pd.get() != core.peer->pd.get())
+      return fail(invalid(call, "the shared receive queue belongs to another Peer than the connection's"));
+    if (cfg.shared_completion_channel && shared.srq->rcq)
+      return fail(invalid(call, "a shared completion channel cannot carry the receive completions of a "
+                                "shared receive queue with its own CQ (as librpma)"));
+  }
+  core.srq = shared.srq;
+  core.shared_cq = shared.cq;
   return {};
 }
 
@@ -130,25 +153,6 @@ RPMAPP_DECL expected<void> open_event_channel(ConnectionCore& core) noexcept {
   auto made = make_nonblocking(core.channel.get());
   if (!made) core.channel.reset();  // never kept as a spare: a blocking read would hang
   return made;
-}
-
-RPMAPP_DECL expected<void> make_comp_channel(CompChannel& out, ibv_context* verbs) noexcept {
-  errno = 0;
-  out.reset(provider().create_comp_channel(verbs));
-  if (!out) return fail(provider_error("ibv_create_comp_channel", errno));
-  return {};
-}
-
-RPMAPP_DECL expected<void> make_cq(CompletionQueue& out, ibv_context* verbs, std::uint32_t size,
-                                   ibv_comp_channel* channel, int vector) noexcept {
-  const Provider& p = provider();
-  errno = 0;
-  out.reset(p.create_cq(verbs, static_cast<int>(size), nullptr, channel, vector));
-  if (!out) return fail(provider_error("ibv_create_cq", errno));
-  if (channel == nullptr) return {};
-  if (int rc = p.req_notify_cq(out.get(), 0); rc != 0)
-    return fail(provider_error("ibv_req_notify_cq", rc));
-  return {};
 }
 
 RPMAPP_DECL expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size,
@@ -175,9 +179,18 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
   if (cfg.completion_vector > 0 && cfg.completion_vector >= verbs->num_comp_vectors)
     return fail(invalid("ConnConfig", "completion_vector {} is not below the device's {} vectors",
                         cfg.completion_vector, verbs->num_comp_vectors));
-  if (cfg.completion_channel)
-    if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
-  if (auto ok = open_cq(core, core.cq, cfg.cq_size, core.comp_channel.get()); !ok) return ok;
+  ibv_cq* send_cq = nullptr;
+  if (core.shared_cq) {
+    if (core.shared_cq->peer->context != verbs)
+      return fail(context_mismatch("ConnConfig", "the shared CQ (shared_cq) is on", core.shared_cq->peer->context,
+                                   verbs));
+    send_cq = core.shared_cq->cq.get();
+  } else {
+    if (cfg.completion_channel)
+      if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
+    if (auto ok = open_cq(core, core.cq, cfg.cq_size, core.comp_channel.get()); !ok) return ok;
+    send_cq = core.cq.get();
+  }
   const bool srq_has_cq = core.srq && core.srq->rcq;
   if (cfg.rcq_size > 0 && !srq_has_cq) {
     ibv_comp_channel* channel = core.comp_channel.get();
@@ -188,9 +201,9 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
     if (auto ok = open_cq(core, core.rcq, cfg.rcq_size, channel); !ok) return ok;
   }
   ibv_qp_init_attr_ex attr{};
-  attr.send_cq = core.cq.get();
+  attr.send_cq = send_cq;
   ibv_cq* receive = core.receive_cq();
-  attr.recv_cq = receive != nullptr ? receive : core.cq.get();
+  attr.recv_cq = receive != nullptr ? receive : send_cq;
   attr.srq = core.srq ? core.srq->srq.get() : nullptr;
   attr.cap.max_send_wr = cfg.sq_size;
   attr.cap.max_recv_wr = core.srq ? 0 : cfg.rq_size;
@@ -225,7 +238,14 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
     attr.cap = plain.cap;
   }
   core.qp.reset(core.id.get());
+  core.qp_num = core.id->qp->qp_num;
   core.max_inline_data = attr.cap.max_inline_data;
+  // Routed before anything can complete: the queue pair is not connected yet.
+  if (core.shared_cq)
+    if (auto ok = core.shared_cq->routes.add(p, send_cq, core.qp_num, core.conn_id, &core.path); !ok) return ok;
+  if (srq_has_cq)
+    if (auto ok = core.srq->routes.add(p, core.srq->rcq.get(), core.qp_num, core.conn_id, &core.path); !ok)
+      return ok;
   return {};
 }
 

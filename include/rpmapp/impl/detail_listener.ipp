@@ -229,7 +229,7 @@ RPMAPP_DECL long handle_count(const ListenerState& state) {
 RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call,
                                                                      ListenerState& listener,
                                                                      const ConnConfig& config,
-                                                                     const std::shared_ptr<SrqState>& srq,
+                                                                     const SharedQueues& shared,
                                                                      Wait wait) {
   // the kernel destroyed the listening id with its device: no request comes any more
   if (listener.removed) return fail(removed_device_error("rdma_get_cm_event", listener.id->verbs));
@@ -283,9 +283,8 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
     if (!own) return fail(own.error());
     core->peer = std::move(*own);
   }
-  if (auto ok = attach_srq(call, *core, config, srq); !ok) return fail(ok.error());
+  if (auto ok = attach_shared_queues(call, *core, config, shared); !ok) return fail(ok.error());
   if (auto made = create_queues(*core, config); !made) return fail(made.error());
-  core->config.srq = nullptr;  // the queue is held by core->srq from here on
   if (auto acked = ack(*event); !acked) return fail(acked.error());
   if (auto ok = open_event_channel(*core); !ok) return fail(ok.error());
   errno = 0;

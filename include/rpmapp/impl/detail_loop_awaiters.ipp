@@ -10,7 +10,7 @@ namespace detail {
 
 RPMAPP_DECL expected<ConnReq> LoopAccess::take_request(const char* call, ListenerState& listener,
                                                        const KeptConfig& kept) {
-  auto core = accept_request(call, listener, kept.config, kept.srq, Wait::none());
+  auto core = accept_request(call, listener, kept.config, kept.shared, Wait::none());
   if (!core) return fail(core.error());
   return ConnReq(std::move(*core), true);
 }

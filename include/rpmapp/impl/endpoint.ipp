@@ -54,7 +54,7 @@ RPMAPP_DECL expected<ConnReq> Endpoint::next(const char* call, const ConnConfig&
   if (!state_) return detail::fail(detail::moved_from(call));
   if (auto ok = detail::check_config(call, config); !ok) return detail::fail(ok.error());
   return detail::no_throw(call, [&]() -> expected<ConnReq> {
-    auto core = detail::accept_request(call, *state_, config, detail::srq_of(config), wait);
+    auto core = detail::accept_request(call, *state_, config, detail::shared_queues_of(config), wait);
     if (!core) return detail::fail(core.error());
     return ConnReq(std::move(*core), true);
   });

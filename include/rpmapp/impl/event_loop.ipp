@@ -110,6 +110,7 @@ RPMAPP_DECL expected<Registration> EventLoop::watch_completions(
   detail::ConnectionCore* core = detail::LoopAccess::core(conn);
   if (core == nullptr) return detail::fail(detail::invalid(call, "the Conn is empty (moved from or closed)"));
   if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
+  if (core->shared_cq) return detail::fail(detail::on_shared_cq(call));
   if (!core->config.completion_channel) return detail::fail(detail::no_completion_channel(call));
   ibv_comp_channel* channel = which == CqKind::main ? core->comp_channel.get() : core->rcq_channel.get();
   if (channel == nullptr)

@@ -16,10 +16,12 @@
 // one line per header with definitions under impl/ (sorted)
 #include <rpmapp/impl/common_data.ipp>
 #include <rpmapp/impl/conn.ipp>
+#include <rpmapp/impl/conn_id.ipp>
 #include <rpmapp/impl/conn_req.ipp>
 #include <rpmapp/impl/cq.ipp>
 #include <rpmapp/impl/detail_address.ipp>
 #include <rpmapp/impl/detail_cm_event.ipp>
+#include <rpmapp/impl/detail_completion_routes.ipp>
 #include <rpmapp/impl/detail_connection.ipp>
 #include <rpmapp/impl/detail_device_context.ipp>
 #include <rpmapp/impl/detail_errors.ipp>
@@ -38,4 +40,5 @@
 #include <rpmapp/impl/mr.ipp>
 #include <rpmapp/impl/peer.ipp>
 #include <rpmapp/impl/peer_config.ipp>
+#include <rpmapp/impl/shared_cq.ipp>
 #include <rpmapp/impl/srq.ipp>

@@ -50,6 +50,8 @@ RPMAPP_DECL expected<Srq> Srq::create(const Peer& peer, const SrqConfig& config)
                                    state->channel.get(), 0));
       if (!state->rcq) return detail::fail(detail::provider_error("ibv_create_cq", errno));
       if (auto armed = detail::rearm(state->rcq.get()); !armed) return detail::fail(armed.error());
+      if (auto room = state->routes.reserve(static_cast<std::size_t>(state->rcq->cqe)); !room)
+        return detail::fail(room.error());
     }
     state->teardown = {"Srq (last reference)", LogLevel::warning};
     return Srq(std::move(state));
@@ -84,7 +86,7 @@ RPMAPP_DECL void Srq::release_logged(const char* where) noexcept {
 
 RPMAPP_DECL expected<Cq> Srq::rcq() const noexcept {
   if (!state_) return detail::fail(detail::moved_from("Srq::rcq"));
-  return Cq(state_->rcq.get(), state_->channel.get(), false);
+  return Cq(state_->rcq.get(), state_->channel.get(), &state_->routes);
 }
 
 RPMAPP_DECL expected<ibv_srq*> Srq::native() const noexcept {
