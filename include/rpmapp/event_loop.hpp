@@ -13,6 +13,7 @@
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/log.hpp>
+#include <rpmapp/shared_cq.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -172,6 +173,20 @@ class EventLoop {
       Conn& conn, std::function<void(expected<std::span<const ibv_wc>> batch)> handler,
       CqKind which = CqKind::main) noexcept;
 
+  /// Calls `handler` with the completions of `shared`'s queue as they arrive, as
+  /// watch_completions on a Conn does (batches of up to 16, re-armed before polling, a drain
+  /// cut short goes on in the next round, errors passed on, EIO ends it), each batch with
+  /// its tags: conns[i] is the ConnId of the connection of batch[i] (Cq::get with `conns`;
+  /// empty with an error). The registration holds the queue: the SharedCq handle may go.
+  /// Watch one SharedCq from one loop, and do not also wait on it elsewhere (reading it with
+  /// Cq::get in a handler is fine).
+  /// Errors: inval (empty loop or SharedCq; empty handler; a queue without a completion
+  /// channel, SharedCqConfig::completion_channel false); provider (fcntl, epoll_ctl: EEXIST
+  /// when this loop already watches it); nomem.
+  expected<Registration> watch_completions(
+      const SharedCq& shared,
+      std::function<void(expected<std::span<const ibv_wc>> batch, std::span<const ConnId> conns)> handler) noexcept;
+
   /// Calls `handler` with epoll's event bits whenever `fd` (the user's: a socket, a pipe,
   /// a timerfd...) is ready for `events` (EPOLLIN, EPOLLOUT...; level-triggered). Unregister
   /// (destroy the Registration) before closing the fd.
@@ -221,6 +236,15 @@ class EventLoop {
   detail::CompletionAwaiter completions(Conn& conn, std::span<ibv_wc> out, CqKind which = CqKind::main,
                                         std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
     return {core_.get(), conn, out, which == CqKind::receive, timeout};
+  }
+  /// The next completions of `shared`'s queue into `out` (the filled part), each tagged in
+  /// `conns` (conns[i] for out[i], as Cq::get): at once if some are queued, else when its
+  /// channel fires. The await holds the queue. Errors also: inval (empty SharedCq; empty
+  /// `out`; `conns` shorter than `out`; a queue without a completion channel); provider
+  /// (fcntl, ibv_get_cq_event, ibv_req_notify_cq, ibv_poll_cq).
+  detail::SharedCompletionAwaiter completions(const SharedCq& shared, std::span<ibv_wc> out, std::span<ConnId> conns,
+                                              std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
+    return {core_.get(), shared.state(), out, conns, timeout};
   }
   /// Resumes after `duration` (success), or when the loop stops (no_event).
   detail::SleepAwaiter sleep_for(std::chrono::milliseconds duration) noexcept { return {core_.get(), duration}; }

@@ -38,6 +38,11 @@ struct SharedCqState {
   CompletionQueue cq;
   /// The connections whose queue pairs complete here, by queue pair number.
   CompletionRoutes routes;
+  /// For the event loop watching the queue: whether it took the queue's event and has not
+  /// re-armed it yet ([0]; [1] unused), as ConnectionCore::rearm_due; whether it made the
+  /// channel's fd non-blocking.
+  bool rearm_due[2] = {false, false};
+  bool fd_nonblocking = false;
   /// Who releases the queue: SharedCq::create on its failure paths, then the last of the
   /// SharedCq and the connections using it.
   Teardown teardown{"SharedCq (last reference)", LogLevel::warning};

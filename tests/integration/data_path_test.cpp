@@ -595,17 +595,12 @@ TEST_CASE("a SharedCq and a shared receive queue serve six connections: every co
   MrLocal server_mr = MUST(MrLocal::reg(server_peer, server_mem, MrUsage::recv | MrUsage::send));
   MrLocal client_mr = MUST(MrLocal::reg(client_peer, client_mem, MrUsage::send | MrUsage::recv));
   for (std::size_t i = 0; i < n; ++i) client_mem[i * slot] = static_cast<std::byte>(i);  // who sends it
-  std::vector<Conn> clients, servers;
-  std::map<ConnId, std::size_t> index_of;  // the server's map from a tag to its connection
-  for (std::size_t i = 0; i < n; ++i) {
-    clients.push_back(start_client(client_peer, ip, port_text(ep)));
-    ConnReq req = take_request(ep, server_cfg);
-    index_of[MUST(req.id())] = i;
-    servers.push_back(MUST(std::move(req).connect()));
-    CHECK(index_of.count(MUST(servers.back().id())) == 1);
-    establish(clients.back(), servers.back());
-    CHECK(cq_of(servers.back()) == MUST(shared.cq()));
-  }
+  // index_of: the server's map from a tag to its connection
+  AcceptedClients accepted = accept_clients(n, client_peer, ip, ep, server_cfg, [](std::size_t, ConnReq&) {});
+  std::vector<Conn>& clients = accepted.clients;
+  std::vector<Conn>& servers = accepted.servers;
+  const std::map<ConnId, std::size_t>& index_of = accepted.index_of;
+  for (const Conn& server : servers) CHECK(cq_of(server) == MUST(shared.cq()));
   CHECK(MUST(shared.connections()) == n);
   for (std::size_t i = 0; i < 4 * n; ++i) MUST(srq.recv(server_mr, i * slot, slot, i));
 
@@ -636,7 +631,7 @@ TEST_CASE("a SharedCq and a shared receive queue serve six connections: every co
   std::set<std::size_t> heard;
   for (auto& [wc, tag] : tagged(MUST(srq.rcq()), n, "shared receive CQ")) {
     REQUIRE(index_of.count(tag) == 1);
-    const std::size_t from = index_of[tag];
+    const std::size_t from = index_of.at(tag);
     CHECK(wc.opcode == IBV_WC_RECV);
     CHECK(wc.qp_num == MUST(servers[from].qp_num()));
     CHECK(server_mem[wc.wr_id * slot] == static_cast<std::byte>(from));  // the client's own bytes

@@ -412,6 +412,69 @@ TEST_CASE("event loop: a Conn destroyed by its own handler", "[event_loop][reent
   CHECK(fleet.open() == 0);
 }
 
+// A SharedCq watched by the loop on the real stack: eight connections' receives and sends
+// complete into one queue, and each batch's tags name the connection each came through.
+TEST_CASE("event loop: eight connections on one SharedCq, every completion tagged with its connection",
+          "[event_loop][completions][shared-cq]") {
+  const std::string ip = ip1();
+  Peer server_peer = local_peer(ip);
+  Peer client_peer = local_peer(ip);
+  Endpoint endpoint = MUST(Endpoint::listen(server_peer, ip, "0"));
+  EventLoop loop = MUST(EventLoop::create());
+  rpmapp::SharedCq shared = MUST(rpmapp::SharedCq::create(server_peer, {.size = 64}));
+  const rpmapp::ConnConfig server_cfg{.shared_cq = &shared};
+
+  constexpr std::size_t n = 8;
+  std::array<std::byte, n> inbox{}, client_bytes{};
+  for (std::size_t i = 0; i < n; ++i) client_bytes[i] = static_cast<std::byte>(0x40 + i);
+  auto inbox_mr = MUST(rpmapp::MrLocal::reg(server_peer, inbox.data(), n, rpmapp::MrUsage::recv | rpmapp::MrUsage::send));
+  auto client_mr = MUST(rpmapp::MrLocal::reg(client_peer, client_bytes.data(), n, rpmapp::MrUsage::send | rpmapp::MrUsage::recv));
+  // receives posted before accepting: tagged from the start
+  AcceptedClients accepted = accept_clients(n, client_peer, ip, endpoint, server_cfg,
+                                            [&](std::size_t i, ConnReq& req) { MUST(req.recv(inbox_mr, i, 1, i)); });
+  std::vector<Conn>& clients = accepted.clients;
+  std::vector<Conn>& servers = accepted.servers;
+  const std::map<rpmapp::ConnId, std::size_t>& index_of = accepted.index_of;
+
+  Problems problems;
+  std::set<std::size_t> received, answered;
+  Registration watching = MUST(loop.watch_completions(
+      shared, [&](rpmapp::expected<std::span<const ibv_wc>> batch, std::span<const rpmapp::ConnId> conns) {
+        if (problems.failed(batch, "shared CQ")) return loop.stop();
+        for (std::size_t k = 0; k < batch->size(); ++k) {
+          const ibv_wc& wc = (*batch)[k];
+          if (problems.failed(rpmapp::check(wc), "a completion")) return loop.stop();
+          const auto at = index_of.find(conns[k]);
+          if (at == index_of.end()) {
+            problems.add("a completion tagged with no connection of this server");
+            return loop.stop();
+          }
+          const std::size_t i = at->second;
+          if (wc.opcode == IBV_WC_RECV) {
+            if (wc.wr_id != i || inbox[i] != client_bytes[i]) problems.add("a receive landed elsewhere");
+            received.insert(i);
+            problems.failed(servers[i].send(inbox_mr, i, 1, rpmapp::Completion::always, 0x100 + i), "Conn::send");
+          } else if (wc.opcode == IBV_WC_SEND) {
+            if (wc.wr_id != 0x100 + i) problems.add("a send completion tagged with another connection");
+            answered.insert(i);
+          }
+        }
+        if (answered.size() == n) loop.stop();
+      }));
+  MUST(std::move(shared).close());  // the registration holds the queue
+  for (std::size_t i = 0; i < n; ++i) {
+    MUST(clients[i].recv(client_mr, i, 1, 0x200 + i));
+    MUST(clients[i].send(client_mr, i, 1, rpmapp::Completion::always, i));
+  }
+  auto ran = loop.run_for(loop_bound);
+  INFO(problems.text());
+  CHECK(problems.text().empty());
+  if (!ran) FAIL_CHECK("loop: " << ran.error().message());
+  CHECK(received.size() == n);
+  CHECK(answered.size() == n);
+  for (std::size_t i = 0; i < n; ++i) disconnect_both(clients[i], servers[i]);
+}
+
 // watch_completions on the real stack: the server's receive and the client's send arrive
 // at their handlers as real completions, the received bytes checked by content.
 TEST_CASE("event loop: completion handlers deliver a real send and receive", "[event_loop][completions]") {

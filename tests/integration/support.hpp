@@ -12,10 +12,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace Catch {
 template <> struct StringMaker<rpmapp::errc> {
@@ -112,6 +114,29 @@ inline void disconnect_both(rpmapp::Conn& client, rpmapp::Conn& server) {
   CHECK(wait_event(server, "server") == rpmapp::ConnEvent::closed);
   MUST(server.disconnect());
   CHECK(wait_event(client, "client") == rpmapp::ConnEvent::closed);
+}
+
+// `n` clients on `client_peer` connected to `ep` (listening on `ip`), each accepted with
+// `config` and established before the next starts; `before_accept(i, request)` runs on
+// each request first (to post receives). index_of maps each server connection's ConnId to i.
+struct AcceptedClients {
+  std::vector<rpmapp::Conn> clients, servers;
+  std::map<rpmapp::ConnId, std::size_t> index_of;
+};
+template <class BeforeAccept>
+AcceptedClients accept_clients(std::size_t n, const rpmapp::Peer& client_peer, const std::string& ip,
+                               rpmapp::Endpoint& ep, const rpmapp::ConnConfig& config, BeforeAccept before_accept) {
+  AcceptedClients all;
+  for (std::size_t i = 0; i < n; ++i) {
+    all.clients.push_back(start_client(client_peer, ip, port_text(ep)));
+    rpmapp::ConnReq req = take_request(ep, config);
+    all.index_of[MUST(req.id())] = i;
+    before_accept(i, req);
+    all.servers.push_back(MUST(std::move(req).connect()));
+    CHECK(all.index_of.count(MUST(all.servers.back().id())) == 1);
+    establish(all.clients.back(), all.servers.back());
+  }
+  return all;
 }
 
 // The endpoint serves: a client on `client_peer` connects to `ep` (listening on `ip`), is

@@ -183,14 +183,19 @@ TEST_CASE("a released connection's completions are dropped from the SharedCq, th
     MrLocal mr = reg(s.peer, buf, MrUsage::send);
     std::optional<Conn> a(connected(fake, s.peer, s.cfg));
     Conn b = connected(fake, s.peer, s.cfg);
+    std::optional<Conn> d(connected(fake, s.peer, s.cfg));
     const ConnId b_id = *b.id();
     const std::uint32_t a_qp_num = *a->qp_num();
     for (std::uint64_t i = 1; i <= 6; ++i) send_completed(fake, i % 2 ? *a : b, mr, i);
+    send_completed(fake, *d, mr, 10);
     // two read before the release; the rest stays queued
     std::array<ibv_wc, 2> first;
     std::array<ConnId, 2> first_tags;
     REQUIRE(s.shared.cq()->get(first, first_tags)->size() == 2);
     CHECK(first_tags[0] == *a->id());
+    // d's release parks the others' completions (3 to 6); a's then drops a's parked ones
+    REQUIRE(std::move(*d).close());
+    d.reset();
 
     // the device gives a's queue pair number to the next queue pair at once (mlx5 may)
     fake.next_qp_number(a_qp_num);
@@ -378,6 +383,92 @@ TEST_CASE("releasing a connection on a SharedCq: each provider call fails in tur
       CHECK(*s.shared.connections() == 1);
     }
   });
+}
+
+TEST_CASE("EventLoop::watch_completions on a SharedCq: batches tagged with their connections; the registration "
+          "holds the queue", "[shared-cq][loop]") {
+  fake::FakeProvider fake;
+  {
+    OnSharedCq s(fake);
+    Buffer buf(64);
+    MrLocal mr = reg(s.peer, buf, MrUsage::send);
+    Conn a = connected(fake, s.peer, s.cfg);
+    Conn b = connected(fake, s.peer, s.cfg);
+    EventLoop loop = make_loop();
+    std::vector<std::pair<std::uint64_t, ConnId>> seen;
+    std::vector<Error> errors;
+    Registration reg = registered(loop.watch_completions(
+        s.shared, [&](expected<std::span<const ibv_wc>> batch, std::span<const ConnId> conns) {
+          if (!batch) {
+            errors.push_back(batch.error());
+            CHECK(conns.empty());
+            return;
+          }
+          REQUIRE(conns.size() == batch->size());
+          for (std::size_t i = 0; i < batch->size(); ++i) seen.emplace_back((*batch)[i].wr_id, conns[i]);
+        }));
+    const ConnId a_id = *a.id(), b_id = *b.id();
+    REQUIRE(std::move(s.shared).close());  // the registration holds the queue
+    send_completed(fake, a, mr, 1);
+    send_completed(fake, b, mr, 2);
+    REQUIRE(run_until(loop, [&] { return seen.size() == 2; }));
+    CHECK(seen == std::vector<std::pair<std::uint64_t, ConnId>>{{1, a_id}, {2, b_id}});
+    // 20 at once: more than a batch, in order, tagged
+    for (std::uint64_t i = 0; i < 20; ++i) send_completed(fake, i % 2 ? a : b, mr, 100 + i);
+    REQUIRE(run_until(loop, [&] { return seen.size() == 22; }));
+    for (std::uint64_t i = 0; i < 20; ++i) CHECK(seen[2 + i] == std::make_pair(100 + i, i % 2 ? a_id : b_id));
+    // a failed ibv_get_cq_event is passed on, without tags
+    fake.fail("ibv_get_cq_event", kErr);
+    send_completed(fake, a, mr, 200);
+    REQUIRE(run_until(loop, [&] { return !errors.empty() && seen.size() == 23; }));
+    check_injected(errors[0], "ibv_get_cq_event", kErr);
+    CHECK(seen.back() == std::make_pair(std::uint64_t{200}, a_id));
+    CHECK(errors.size() == 1);
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("co_await loop.completions on a SharedCq: tagged, also when the handle went while waiting",
+          "[shared-cq][loop][task]") {
+  fake::FakeProvider fake;
+  {
+    OnSharedCq s(fake);
+    Buffer buf(64);
+    MrLocal mr = reg(s.peer, buf, MrUsage::send);
+    Conn a = connected(fake, s.peer, s.cfg);
+    EventLoop loop = make_loop();
+    ibv_wc wc[4]{};
+    ConnId tags[4]{};
+    Outcome<expected<std::span<ibv_wc>>> out;
+    REQUIRE(spawn(loop, await_once([&] { return loop.completions(s.shared, wc, tags); }, out)));
+    REQUIRE(loop.run_once(std::chrono::milliseconds(0)));
+    REQUIRE(out.suspended());
+    REQUIRE(std::move(s.shared).close());
+    send_completed(fake, a, mr, 7);
+    REQUIRE(run_until(loop, [&] { return out.resumed > 0; }));
+    REQUIRE(*out.result);
+    REQUIRE((*out.result)->size() == 1);
+    CHECK(wc[0].wr_id == 7);
+    CHECK(tags[0] == *a.id());
+
+    // what it refuses: too few tags, an empty SharedCq, a queue without a channel
+    SharedCq polled_only = *SharedCq::create(s.peer, SharedCqConfig{8, false, 0});
+    SharedCq empty;
+    for (auto make : std::vector<std::function<detail::SharedCompletionAwaiter()>>{
+             [&] { return loop.completions(polled_only, wc, tags); },
+             [&] { return loop.completions(empty, wc, tags); },
+             [&] { return loop.completions(polled_only, wc, std::span(tags, 1)); }}) {
+      Outcome<expected<std::span<ibv_wc>>> refused;
+      REQUIRE(spawn(loop, await_once(make, refused)));
+      REQUIRE(run_until(loop, [&] { return refused.resumed > 0; }));
+      REQUIRE_FALSE(*refused.result);
+      check_inval(refused.result->error(), "EventLoop::completions");
+    }
+    check_inval(loop.watch_completions(polled_only, [](auto, auto) {}).error(), "EventLoop::watch_completions",
+                "no completion channel");
+    check_inval(loop.watch_completions(empty, [](auto, auto) {}).error(), "EventLoop::watch_completions", "empty");
+  }
+  fake.expect_clean();
 }
 
 }  // namespace shared_cq_test

@@ -3,6 +3,7 @@
 // assertions are not thread-safe: threads record results, the main thread asserts.
 #include "data_util.hpp"
 
+#include <atomic>
 #include <latch>
 #include <algorithm>
 #include <optional>
@@ -191,6 +192,53 @@ TEST_CASE("threads: Conns in 8 threads share one MrLocal and one MrRemote; 8 thr
     CHECK(ids.size() == static_cast<std::size_t>(kThreads * rounds));
     for (auto& conn : conns) REQUIRE(std::move(conn).close());
     REQUIRE(std::move(*srq).close());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("threads: a SharedCq read on one thread while connections on it are made, used and released on "
+          "another; every tag names the connection that sent", "[threads][shared-cq]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    SharedCq shared = *SharedCq::create(peer);
+    ConnConfig cfg;
+    cfg.shared_cq = &shared;
+    Buffer buf(64);
+    MrLocal mr = reg(peer, buf, MrUsage::send);
+    constexpr std::uint64_t rounds = 40;
+    std::vector<ConnId> sender(rounds);  // written before the send whose wr_id indexes it
+    std::atomic<bool> stop{false};
+    std::vector<std::pair<std::uint64_t, ConnId>> read;
+    std::thread reader([&] {
+      Cq cq = *shared.cq();
+      std::array<ibv_wc, 4> wcs;
+      std::array<ConnId, 4> tags;
+      for (;;) {
+        const bool last = stop.load();
+        auto got = cq.get(wcs, tags);
+        if (got)
+          for (std::size_t i = 0; i < got->size(); ++i) read.emplace_back(wcs[i].wr_id, tags[i]);
+        else if (last)
+          return;
+      }
+    });
+    for (std::uint64_t i = 0; i < rounds; ++i) {
+      Conn conn = connected(fake, peer, cfg);
+      sender[i] = *conn.id();
+      REQUIRE(conn.send(mr, 0, 8, Completion::always, i));
+      REQUIRE(fake.complete_sends(*conn.qp()) == 1);
+      REQUIRE(std::move(conn).close());
+    }
+    stop = true;
+    reader.join();
+    // Whatever the reader took before a release is tagged with its sender; the rest was dropped.
+    CHECK(read.size() <= rounds);
+    for (const auto& [wr_id, tag] : read) {
+      REQUIRE(wr_id < rounds);
+      CHECK(tag == sender[wr_id]);
+    }
+    CHECK(*shared.connections() == 0);
   }
   fake.expect_clean();
 }

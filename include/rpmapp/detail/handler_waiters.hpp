@@ -9,6 +9,7 @@
 #include <rpmapp/detail/loop_core.hpp>
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
+#include <rpmapp/shared_cq.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -92,6 +93,14 @@ struct CompletionWaiter final : detail::HandlerWaiter {
   // handler throwing, ibv_poll_cq failing, a queue left unarmed) makes the waiter due
   // again in the next round without one (post_next_round). EIO from ibv_get_cq_event (the
   // device is gone: the channel delivers nothing more) ends the registration.
+  RPMAPP_DECL void handle(std::uint32_t) override;
+};
+
+/// EventLoop::watch_completions on a SharedCq: as CompletionWaiter, each batch tagged with
+/// its connections. Holds the queue while registered (the SharedCq handle may go).
+struct SharedCompletionWaiter final : detail::HandlerWaiter {
+  std::shared_ptr<SharedCqState> shared;
+  std::function<void(expected<std::span<const ibv_wc>>, std::span<const ConnId>)> handler;
   RPMAPP_DECL void handle(std::uint32_t) override;
 };
 

@@ -12,6 +12,7 @@
 #include <rpmapp/detail/loop_core.hpp>
 #include <rpmapp/endpoint.hpp>
 #include <rpmapp/error.hpp>
+#include <rpmapp/shared_cq.hpp>
 
 #include <array>
 #include <chrono>
@@ -50,19 +51,29 @@ struct LoopAccess {
 /// Makes a connection's completion channels non-blocking (once): a loop reads them only
 /// after epoll said readable, but never blocks should another reader have taken the event.
 /// A connection without channels (ConnConfig::completion_channel false) has none to change.
+inline expected<void> channel_nonblocking(ibv_comp_channel* channel) noexcept {
+  const Provider& p = provider();
+  errno = 0;
+  const int flags = p.fcntl(channel->fd, F_GETFL, 0);
+  if (flags < 0) return fail(provider_error("fcntl", errno, "F_GETFL on a completion channel"));
+  errno = 0;
+  if (!(flags & O_NONBLOCK) && p.fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0)
+    return fail(provider_error("fcntl", errno, "F_SETFL O_NONBLOCK on a completion channel"));
+  return {};
+}
 inline expected<void> completion_fds_nonblocking(ConnectionCore& core) noexcept {
   if (core.completion_fds_nonblocking) return {};
-  for (ibv_comp_channel* channel : {core.comp_channel.get(), core.rcq_channel.get()}) {
-    if (channel == nullptr) continue;
-    const Provider& p = provider();
-    errno = 0;
-    const int flags = p.fcntl(channel->fd, F_GETFL, 0);
-    if (flags < 0) return fail(provider_error("fcntl", errno, "F_GETFL on a completion channel"));
-    errno = 0;
-    if (!(flags & O_NONBLOCK) && p.fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0)
-      return fail(provider_error("fcntl", errno, "F_SETFL O_NONBLOCK on a completion channel"));
-  }
+  for (ibv_comp_channel* channel : {core.comp_channel.get(), core.rcq_channel.get()})
+    if (channel != nullptr)
+      if (auto ok = channel_nonblocking(channel); !ok) return ok;
   core.completion_fds_nonblocking = true;
+  return {};
+}
+/// The same for a SharedCq's channel (it has one: the caller checked).
+inline expected<void> completion_fd_nonblocking(SharedCqState& shared) noexcept {
+  if (shared.fd_nonblocking) return {};
+  if (auto ok = channel_nonblocking(shared.channel.get()); !ok) return ok;
+  shared.fd_nonblocking = true;
   return {};
 }
 
@@ -212,6 +223,48 @@ class CompletionAwaiter final : public Awaiter<CompletionAwaiter, expected<std::
   ConnectionCore* conn_;
   std::span<ibv_wc> out_;
   bool receive_;
+  expected<std::span<ibv_wc>> result_ = fail(Error());
+};
+
+/// co_await loop.completions(shared, out, conns): the next completions of a SharedCq, tagged.
+/// Holds the queue while it waits (the SharedCq handle may go).
+class SharedCompletionAwaiter final : public Awaiter<SharedCompletionAwaiter, expected<std::span<ibv_wc>>> {
+ public:
+  SharedCompletionAwaiter(LoopCore* core, std::shared_ptr<SharedCqState> shared, std::span<ibv_wc> out,
+                          std::span<ConnId> conns, std::chrono::milliseconds timeout) noexcept
+      : Awaiter(core, "EventLoop::completions", timeout), shared_(std::move(shared)), out_(out), conns_(conns) {}
+
+  bool attempt() noexcept {
+    if (!shared_) return finish(invalid(call(), "the SharedCq is empty (moved from or closed)"));
+    if (out_.empty() || out_.size() > 0x7fffffffu || conns_.size() < out_.size())
+      return finish(invalid(call(), "room for {} completions and {} tags: give 1 to 2^31-1, and a tag for each",
+                            out_.size(), conns_.size()));
+    if (!shared_->channel)
+      return finish(invalid(call(), "the SharedCq has no completion channel (SharedCqConfig::completion_channel "
+                                    "is false): poll it with Cq::get"));
+    if (auto ok = completion_fd_nonblocking(*shared_); !ok) return finish(ok.error());
+    ChannelQueues queues(*shared_);
+    if (polled(queues)) return true;
+    if (auto taken = queues.take_events(); !taken) return finish(taken.error());
+    if (auto armed = queues.rearm(); !armed) return finish(armed.error());
+    return polled(queues);
+  }
+  expected<void> watch() noexcept { return watch_fd(shared_->channel->fd, nullptr); }
+  void fail_with(const Error& e) noexcept { result_ = fail(e); }
+  expected<std::span<ibv_wc>> take() noexcept { return result_; }
+
+ private:
+  bool polled(ChannelQueues& queues) noexcept {
+    auto n = queues.poll(out_, conns_.data());
+    if (!n) return finish(n.error());
+    if (*n == 0) return false;
+    result_ = out_.first(*n);
+    return true;
+  }
+
+  std::shared_ptr<SharedCqState> shared_;
+  std::span<ibv_wc> out_;
+  std::span<ConnId> conns_;
   expected<std::span<ibv_wc>> result_ = fail(Error());
 };
 

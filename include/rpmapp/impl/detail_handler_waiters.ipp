@@ -64,42 +64,67 @@ RPMAPP_DECL void ResolveWaiter::handle(std::uint32_t) {
   keep(detail::named("EventLoop::resolve", std::move(request)));
 }
 
-RPMAPP_DECL void CompletionWaiter::handle(std::uint32_t) {
+/// One round of a completion channel for a handler (watch_completions): takes the
+/// channel's events, re-arms, and polls the queue(s) empty, giving each batch to
+/// `deliver(count)` and each failure to `report(error)`. The channel raises no new event for
+/// what is already queued, so a drain cut short (the round's budget, the handler throwing,
+/// ibv_poll_cq failing, a queue left unarmed) makes the waiter due again in the next round
+/// without one (post_next_round). EIO from ibv_get_cq_event (the device is gone: the
+/// channel delivers nothing more) ends the registration.
+template <class Deliver, class Report>
+void completion_round(HandlerWaiter& w, ChannelQueues& queues, std::span<ibv_wc> wc, ConnId* conns,
+                      Deliver&& deliver, Report&& report) {
   struct DueAgain {
-    CompletionWaiter* w;
+    HandlerWaiter* w;
     bool drained = false;
     ~DueAgain() {
       if (!drained && !w->done() && w->loop != nullptr) w->loop->post_next_round(*w);
     }
-  } due{this};
+  } due{&w};
   static constexpr const char* call = "EventLoop::watch_completions";
-  detail::ChannelQueues queues(*core, receive);
   if (auto taken = queues.take_events(); !taken) {
     if (taken.error().sys_errno() == EIO) {
-      if (loop != nullptr) loop->remove(*this);
+      if (w.loop != nullptr) w.loop->remove(w);
       due.drained = true;
     }
-    handler(detail::fail(taken.error().name_operation(call)));
-    if (done()) return;
+    report(taken.error().name_operation(call));
+    if (w.done()) return;
   }
   if (auto armed = queues.rearm(); !armed) {
-    handler(detail::fail(armed.error().name_operation(call)));
-    if (done()) return;
+    report(armed.error().name_operation(call));
+    if (w.done()) return;
   }
-  ibv_wc wc[completion_batch];
   for (int round = 0; round < per_round; ++round) {
-    auto n = queues.poll(wc);
+    auto n = queues.poll(wc, conns);
     if (!n) {
-      handler(detail::fail(n.error().name_operation(call)));
+      report(n.error().name_operation(call));
       return;
     }
     if (*n == 0) {
       due.drained = !queues.rearm_pending();
       return;
     }
-    handler(std::span<const ibv_wc>(wc, *n));
-    if (done()) return;
+    deliver(*n);
+    if (w.done()) return;
   }
+}
+
+RPMAPP_DECL void CompletionWaiter::handle(std::uint32_t) {
+  detail::ChannelQueues queues(*core, receive);
+  ibv_wc wc[completion_batch];
+  completion_round(
+      *this, queues, wc, nullptr, [&](std::size_t n) { handler(std::span<const ibv_wc>(wc, n)); },
+      [&](const Error& e) { handler(detail::fail(e)); });
+}
+
+RPMAPP_DECL void SharedCompletionWaiter::handle(std::uint32_t) {
+  detail::ChannelQueues queues(*shared);
+  ibv_wc wc[completion_batch];
+  ConnId conns[completion_batch];
+  completion_round(
+      *this, queues, wc, conns,
+      [&](std::size_t n) { handler(std::span<const ibv_wc>(wc, n), std::span<const ConnId>(conns, n)); },
+      [&](const Error& e) { handler(detail::fail(e), {}); });
 }
 
 }  // namespace detail

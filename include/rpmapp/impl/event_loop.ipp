@@ -128,6 +128,27 @@ RPMAPP_DECL expected<Registration> EventLoop::watch_completions(
   });
 }
 
+RPMAPP_DECL expected<Registration> EventLoop::watch_completions(
+    const SharedCq& shared,
+    std::function<void(expected<std::span<const ibv_wc>>, std::span<const ConnId>)> handler) noexcept {
+  constexpr const char* call = "EventLoop::watch_completions";
+  if (!core_) return detail::fail(detail::moved_from(call));
+  if (!shared) return detail::fail(detail::invalid(call, "the SharedCq is empty (moved from or closed)"));
+  if (!handler) return detail::fail(detail::invalid(call, "the handler is empty"));
+  detail::SharedCqState& state = *shared.state();
+  if (!state.channel)
+    return detail::fail(detail::invalid(call, "the SharedCq has no completion channel "
+                                              "(SharedCqConfig::completion_channel is false): poll it with Cq::get"));
+  if (auto ok = detail::completion_fd_nonblocking(state); !ok) return detail::fail(ok.error().name_operation(call));
+  return detail::no_throw(call, [&]() -> expected<Registration> {
+    auto w = std::make_unique<detail::SharedCompletionWaiter>();
+    w->shared = shared.state();
+    w->handler = std::move(handler);
+    if (auto ok = core_->add(*w, state.channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
+    return Registration(w.release());
+  });
+}
+
 RPMAPP_DECL expected<Registration> EventLoop::watch_fd(int fd, std::uint32_t events,
                                                     std::function<void(std::uint32_t events)> handler) noexcept {
   constexpr const char* call = "EventLoop::watch_fd";
