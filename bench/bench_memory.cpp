@@ -3,8 +3,9 @@
 // back, so no variant may follow another in the same process) with the clients in a
 // process of their own (their memory is not measured):
 //   - the server listens (bench/servers.hpp: rpmapp's Endpoint + ConnReq::connect + Conn
-//     in an epoll loop, librpma's rpma_ep_listen + rpma_conn_req_connect, hand-written
-//     librdmacm), resets its peak RSS (/proc/self/clear_refs) and reads its RSS: the
+//     in an epoll loop, the same with every connection on one SharedCq and one Srq
+//     ("rpmapp-shared": no CQ or completion channel per connection), librpma's
+//     rpma_ep_listen + rpma_conn_req_connect, hand-written librdmacm), resets its peak RSS (/proc/self/clear_refs) and reads its RSS: the
 //     listener alone;
 //   - it spawns the client, which makes N raw librdmacm connections (C in flight) and
 //     keeps them; once the server has seen all N established it reads RSS and peak again;
@@ -12,7 +13,8 @@
 // Values, in KiB per connection: (RSS with N - RSS of the listener) / N, the same for the
 // peak RSS (the listener's RSS is the peak's start), and for the anonymous part of RSS (the
 // heap, where each library keeps its state per connection; the rest is mostly rxe's rings,
-// mapped from /dev/infiniband/uverbs*, 16 KiB a connection for all three).
+// mapped from /dev/infiniband/uverbs*, 16 KiB a connection for all three); and the open fds
+// per connection.
 // Usage: bench_memory [reps] [N]               reps rounds, the three servers in a rotating
 //                                               order, each in its own process
 //        bench_memory server VARIANT N REP     one measurement (prints its R lines)
@@ -35,7 +37,7 @@ extern char** environ;
 namespace bench {
 namespace {
 
-constexpr std::array<const char*, 3> memory_variants = {"rpmapp", "librpma", "hand"};
+constexpr std::array<const char*, 4> memory_variants = {"rpmapp", "rpmapp-shared", "librpma", "hand"};
 /// Each variant on its own port, so that a late teardown of one cannot meet the next.
 constexpr int port_base = 7491;
 constexpr int inflight = 16;
@@ -221,11 +223,20 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
   const std::string port = std::to_string(port_base + static_cast<int>(index));
 
   std::optional<rpmapp::Peer> peer;
+  std::optional<rpmapp::SharedCq> shared_cq;
+  std::optional<rpmapp::Srq> srq;
   rpma_peer* rpeer = nullptr;
   std::unique_ptr<Server> server;
-  if (variant == "rpmapp") {
+  if (variant == "rpmapp" || variant == "rpmapp-shared") {
     peer.emplace(must(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local), "Peer::from_address"));
-    server = std::make_unique<RpmappServer>(*peer, ip, port.c_str());
+    rpmapp::ConnConfig config;
+    if (variant == "rpmapp-shared") {
+      shared_cq.emplace(must(rpmapp::SharedCq::create(*peer), "SharedCq::create"));
+      srq.emplace(must(rpmapp::Srq::create(*peer), "Srq::create"));
+      config.shared_cq = &*shared_cq;
+      config.srq = &*srq;
+    }
+    server = std::make_unique<RpmappServer>(*peer, ip, port.c_str(), config);
   } else if (variant == "librpma") {
     rpma_log_set_threshold(RPMA_LOG_THRESHOLD, RPMA_LOG_LEVEL_WARNING);
     ibv_context* ctx = nullptr;
@@ -262,6 +273,8 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
   await_exit(client, "the client");
   server->stop();
   server.reset();
+  srq.reset();
+  shared_cq.reset();
   if (rpeer != nullptr) check(rpma_peer_delete(&rpeer), "rpma_peer_delete");
 
   const std::string param = "N=" + std::to_string(n);
@@ -272,6 +285,8 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
               static_cast<double>(full.rss_kib + (full.hwm_kib - full.vm_rss_kib) - alone.rss_kib) / n);
   std::printf("R\tmemory\t%s\tKiB/conn anonymous\t%s\t%d\t%.6g\n", param.c_str(), variant.c_str(), rep,
               static_cast<double>(full.anon_kib - alone.anon_kib) / n);
+  std::printf("R\tmemory\t%s\tfds/conn\t%s\t%d\t%.6g\n", param.c_str(), variant.c_str(), rep,
+              static_cast<double>(fds_full - fds_alone) / n);
   std::fflush(stdout);
   std::fprintf(stderr,
                "bench_memory: %-7s rep %d: listener alone %ld KiB, with %d connections %ld KiB (VmRSS %ld -> %ld, "
@@ -300,7 +315,8 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 3;
   const int n = argc > 2 ? std::atoi(argv[2]) : 1000;
   if (n <= 0) die("usage", "N must be positive");
-  // Round r runs the variants in the order r, r+1, r+2 (mod 3), as common.hpp's interleave.
+  // Round r runs the variants in the order r, r+1, ... (mod their number), as common.hpp's
+  // interleave.
   for (int rep = 0; rep < reps; ++rep) {
     for (std::size_t k = 0; k < memory_variants.size(); ++k) {
       const char* variant = memory_variants[(static_cast<std::size_t>(rep) + k) % memory_variants.size()];

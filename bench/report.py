@@ -199,8 +199,28 @@ def verdict(ratio, higher_better, words=("slower", "faster")):
     return words[1] + (" (every rep)" if clear else "")
 
 
+# rpmapp in another mode, shown as rows of its own against the same anchors:
+# variant -> what the row's parameter adds
+MODE_ROWS = {"rpmapp-shared": "SharedCq + Srq"}
+
+
+def with_mode_rows(groups):
+    """Adds, for each group holding a MODE_ROWS variant, a group where that variant is
+    "rpmapp" (the anchors kept), so that rows() shows it beside rpmapp's default."""
+    out = OrderedDict()
+    for key, g in groups.items():
+        out[key] = g
+        for variant, label in MODE_ROWS.items():
+            if variant in g:
+                bench, param, metric = key
+                out[(bench, f"{param}, {label}", metric)] = OrderedDict(
+                    [("rpmapp", g[variant])] + [(v, vals) for v, vals in g.items() if v not in MODE_ROWS and v != "rpmapp"])
+    return out
+
+
 def rows(groups):
     out = []
+    groups = with_mode_rows(groups)
     keys = sorted(groups, key=lambda k: (ORDER.index(k[0]) if k[0] in ORDER else 99))
     for key in keys:
         bench, param, metric = key
