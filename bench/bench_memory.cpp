@@ -14,11 +14,13 @@
 // peak RSS (the listener's RSS is the peak's start), and for the anonymous part of RSS (the
 // heap, where each library keeps its state per connection; the rest is mostly rxe's rings,
 // mapped from /dev/infiniband/uverbs*, 16 KiB a connection for all three); and the open fds
-// per connection.
+// per connection; and the accept rate around 100, 1,000 and 10,000 established (the
+// client's clock: one raw client keeps `inflight` requests going).
 // Usage: bench_memory [reps] [N]               reps rounds, the three servers in a rotating
 //                                               order, each in its own process
 //        bench_memory server VARIANT N REP     one measurement (prints its R lines)
-//        bench_memory client PORT N READY GO   the clients (spawned by the server)
+//        bench_memory client PORT N READY GO VARIANT REP
+//                                              the clients (spawned by the server)
 #include "servers.hpp"
 
 #include <spawn.h>
@@ -127,14 +129,19 @@ void await_exit(pid_t pid, const char* what) {
 
 /// N raw librdmacm connections on one non-blocking event channel, `inflight` being set up
 /// at a time; writes one byte to `ready` when all are established, waits for one byte on
-/// `go`, disconnects them all and releases them when they are closed.
-int run_client(const char* ip, const char* port, int n, int ready, int go) {
+/// `go`, disconnects them all and releases them when they are closed. Prints the rate at
+/// which the server accepted them around 100, 1,000 and 10,000 established (the ones up to
+/// N): connections per second between k/2 and k established, so a per-connection cost
+/// that grows with the count shows as a falling rate.
+int run_client(const char* ip, const char* port, int n, int ready, int go, const char* variant, int rep) {
   allow_fds(static_cast<rlim_t>(n) + 64);
   rdma_event_channel* ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
   set_nonblocking(ch->fd);
   ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
   std::vector<rdma_cm_id*> ids;
   int started = 0, established = 0, closed = 0;
+  std::vector<std::chrono::steady_clock::time_point> at(static_cast<std::size_t>(n) + 1);  // [k]: k established
   auto launch = [&] {
     rdma_addrinfo hints{};
     hints.ai_flags = RAI_NUMERICHOST;
@@ -169,17 +176,19 @@ int run_client(const char* ip, const char* port, int n, int ready, int go) {
             check(rdma_resolve_route(id, 2000), "rdma_resolve_route");
             break;
           case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+            // One CQ for every client queue pair (they post nothing): rxe has at most 16,384
+            // CQs per device, which the servers' own must fit into beside the clients'.
             if (pd == nullptr) pd = check_ptr(ibv_alloc_pd(id->verbs), "ibv_alloc_pd");
-            ibv_cq* cq = check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
+            if (cq == nullptr) cq = check_ptr(ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0), "ibv_create_cq");
             ibv_qp_init_attr attr = raw_qp_attr(cq);
             check(rdma_create_qp(id, pd, &attr), "rdma_create_qp");
-            id->context = cq;
             rdma_conn_param param = raw_conn_param();
             check(rdma_connect(id, &param), "rdma_connect");
             break;
           }
           case RDMA_CM_EVENT_ESTABLISHED:
             ++established;
+            at[static_cast<std::size_t>(established)] = std::chrono::steady_clock::now();
             if (started < n) launch();
             break;
           case RDMA_CM_EVENT_DISCONNECTED:
@@ -196,17 +205,22 @@ int run_client(const char* ip, const char* port, int n, int ready, int go) {
   };
   for (int i = 0; i < inflight && started < n; ++i) launch();
   pump([&] { return established == n; });
+  for (int k : {100, 1000, 10000}) {
+    if (k > n) break;
+    const std::chrono::duration<double> took = at[static_cast<std::size_t>(k)] - at[static_cast<std::size_t>(k / 2)];
+    std::printf("R\tmemory\tN=%d, at %d\tconn/s\t%s\t%d\t%.6g\n", n, k, variant, rep, (k - k / 2) / took.count());
+  }
+  std::fflush(stdout);
   char byte = 'r';
   if (write(ready, &byte, 1) != 1) die("client: write", std::strerror(errno));
   if (read(go, &byte, 1) != 1) die("client: read", "the server went away");
   for (rdma_cm_id* id : ids) check(rdma_disconnect(id), "rdma_disconnect");
   pump([&] { return closed == n; });
   for (rdma_cm_id* id : ids) {
-    auto* cq = static_cast<ibv_cq*>(id->context);
     rdma_destroy_qp(id);
-    check(ibv_destroy_cq(cq), "ibv_destroy_cq");
     check(rdma_destroy_id(id), "rdma_destroy_id");
   }
+  if (cq != nullptr) check(ibv_destroy_cq(cq), "ibv_destroy_cq");
   if (pd != nullptr) ibv_dealloc_pd(pd);
   rdma_destroy_event_channel(ch);
   return 0;
@@ -255,7 +269,7 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
   reset_peak();
   const Status alone = read_status();
   const pid_t client = spawn({"bench_memory", "client", port, std::to_string(n), std::to_string(ready[1]),
-                              std::to_string(go[0])});
+                              std::to_string(go[0]), variant, std::to_string(rep)});
   ::close(ready[1]);
   ::close(go[0]);
   const int fds_alone = open_fds();
@@ -306,11 +320,12 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const char* ip = std::getenv("SOFTROCE_IP");
   if (ip == nullptr) die("SOFTROCE_IP", "not set (run inside tools/rpmapp-vm)");
-  if (mode == "client" && argc == 6)
-    return run_client(ip, argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "client" && argc == 8)
+    return run_client(ip, argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), argv[6],
+                      std::atoi(argv[7]));
   if (mode == "server" && argc == 5) return run_server(ip, argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
   if (mode == "client" || mode == "server" || (argc > 1 && std::atoi(argv[1]) <= 0))
-    die("usage", "bench_memory [reps] [N] | server VARIANT N REP | client PORT N READY GO");
+    die("usage", "bench_memory [reps] [N] | server VARIANT N REP | client PORT N READY GO VARIANT REP");
 
   const int reps = argc > 1 ? std::atoi(argv[1]) : 3;
   const int n = argc > 2 ? std::atoi(argv[2]) : 1000;

@@ -28,7 +28,7 @@ BENCH_NAMES = {
     "instr": "4. instructions, fake provider",
     "compile": "5. compile cost",
     "data": "6. data path",
-    "memory": "8. server memory per connection",
+    "memory": "8. a server holding N connections: memory, fds, accept rate",
     "grant": "9. grants",
     "isolation": "10. a protection domain per connection, sequential setup",
 }
@@ -230,7 +230,7 @@ def rows(groups):
         if bench == "compile" and set(g) <= {"rpmapp", "rpmapp-gc"}:  # mode_table's alone
             continue
         higher_better = metric in HIGHER_BETTER
-        words = ("larger", "smaller") if bench == "memory" else ("slower", "faster")
+        words = ("larger", "smaller") if bench == "memory" and not higher_better else ("slower", "faster")
         second = next((v for v in ("hand", "deps", "shared") if v in g), "raw")
         cells = {}
         for v in ("rpmapp", "librpma", second):
