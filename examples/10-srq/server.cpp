@@ -1,7 +1,7 @@
 // 10-srq, server: one shared receive queue (Srq) with its own receive CQ serves every
 // connection. Receives are posted to the queue once, before any client connects; each
-// completion says which connection the message came by (wc.qp_num) and which receive it
-// filled (wr_id).
+// completion comes tagged with the connection the message came by (its ConnId, read with
+// Cq::next_for and a span of tags) and says which receive it filled (wr_id).
 #include "../common/common.hpp"
 
 #include <rpmapp/rpmapp.hpp>
@@ -24,7 +24,7 @@ namespace {
 
 struct Client {
   rpmapp::Conn conn;
-  std::uint32_t qp_num = 0;
+  rpmapp::ConnId id;
   std::string source;  // "ADDR port PORT"
   int messages = 0;
 };
@@ -63,9 +63,9 @@ int main(int argc, char** argv) {
     if (!conn) return example::fail(conn.error());
     if (auto ok = example::expect_event(*conn, rpmapp::ConnEvent::established); !ok)
       return example::fail(ok.error());
-    auto qp_num = conn->qp_num();
-    if (!qp_num) return example::fail(qp_num.error());
-    Client client{std::move(*conn), *qp_num, fmt::format("{} port {}", *from, *from_port)};
+    auto id = conn->id();
+    if (!id) return example::fail(id.error());
+    Client client{std::move(*conn), *id, fmt::format("{} port {}", *from, *from_port)};
     fmt::print("connection {} from {}\n", i, client.source);
     accepted.push_back(std::move(client));
   }
@@ -74,26 +74,28 @@ int main(int argc, char** argv) {
   auto rcq = srq->rcq();
   if (!rcq) return example::fail(rcq.error());
   for (int m = 0; m < clients; ++m) {
-    auto wc = example::next_completion(*rcq, IBV_WC_RECV);
-    if (!wc) return example::fail(wc.error());
-    auto it = std::find_if(accepted.begin(), accepted.end(),
-                           [&](const Client& c) { return c.qp_num == wc->qp_num; });
-    if (it == accepted.end() || wc->wr_id >= slots || wc->byte_len > slot_size) {
-      fmt::print(stderr, "error: a receive completion of qp {}, wr_id {}, {} bytes\n", wc->qp_num,
-                 wc->wr_id, wc->byte_len);
+    ibv_wc received{};
+    rpmapp::ConnId by;  // the connection of the completion: the queue is shared
+    auto got = rcq->next_for(std::span(&received, 1), std::span(&by, 1), example::wait_bound);
+    if (!got) return example::fail(got.error());
+    if (auto ok = rpmapp::check(received); !ok) return example::fail(ok.error());
+    auto it = std::find_if(accepted.begin(), accepted.end(), [&](const Client& c) { return c.id == by; });
+    if (it == accepted.end() || received.opcode != IBV_WC_RECV || received.wr_id >= slots || received.byte_len > slot_size) {
+      fmt::print(stderr, "error: a {} completion of connection {}, wr_id {}, {} bytes\n", rpmapp::to_string(received.opcode),
+                 by.value, received.wr_id, received.byte_len);
       return 1;
     }
-    const auto bytes = std::span(memory).subspan(wc->wr_id * slot_size, wc->byte_len);
+    const auto bytes = std::span(memory).subspan(received.wr_id * slot_size, received.byte_len);
     const std::string_view text = rpmapp::as_text(bytes);
     ++it->messages;
     fmt::print("message from connection {} ({}, receive {}): \"{}\"\n", it - accepted.begin() + 1,
-               it->source, wc->wr_id, text);
+               it->source, received.wr_id, text);
     if (!text.starts_with(expected_prefix)) {
       fmt::print(stderr, "error: unexpected message\n");
       return 1;
     }
     // The slot is read: back to the pool.
-    if (auto ok = srq->recv(*mr, wc->wr_id * slot_size, slot_size, wc->wr_id); !ok)
+    if (auto ok = srq->recv(*mr, received.wr_id * slot_size, slot_size, received.wr_id); !ok)
       return example::fail(ok.error());
   }
   for (auto& client : accepted)
