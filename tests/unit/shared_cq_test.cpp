@@ -13,17 +13,21 @@ namespace shared_cq_test {
 
 using namespace test;
 
-/// A Peer, a SharedCq on it and a ConnConfig for connections on that queue.
+/// A Peer, a SharedCq on it, a ConnConfig for connections on that queue, and 64 bytes
+/// registered for sends and receives.
 struct OnSharedCq {
   explicit OnSharedCq(fake::FakeProvider& fake, const SharedCqConfig& config = {}) : peer(open_peer(fake)) {
     auto made = SharedCq::create(peer, config);
     REQUIRE(made);
     shared = std::move(*made);
     cfg.shared_cq = &shared;
+    mr = reg(peer, buf, MrUsage::send | MrUsage::recv);
   }
   Peer peer;
   SharedCq shared;
   ConnConfig cfg;
+  Buffer buf{64};
+  MrLocal mr;
 };
 
 /// A signaled send of `conn` with `context`, completed by the fake.
@@ -143,8 +147,7 @@ TEST_CASE("connections on a SharedCq: no queue or channel of their own, completi
     CHECK((*a.qp())->send_cq == *s.shared.cq()->native());
     CHECK((*a.qp())->recv_cq == *s.shared.cq()->native());
 
-    Buffer buf(64);
-    MrLocal mr = reg(s.peer, buf, MrUsage::send | MrUsage::recv);
+    const MrLocal& mr = s.mr;
     send_completed(fake, b, mr, 1);
     send_completed(fake, a, mr, 2);
     REQUIRE(a.recv(mr, 0, 64, 3));
@@ -179,8 +182,7 @@ TEST_CASE("a released connection's completions are dropped from the SharedCq, th
   fake::FakeProvider fake;
   {
     OnSharedCq s(fake);
-    Buffer buf(64);
-    MrLocal mr = reg(s.peer, buf, MrUsage::send);
+    const MrLocal& mr = s.mr;
     std::optional<Conn> a(connected(fake, s.peer, s.cfg));
     Conn b = connected(fake, s.peer, s.cfg);
     std::optional<Conn> d(connected(fake, s.peer, s.cfg));
@@ -226,8 +228,7 @@ TEST_CASE("a retry-exceeded completion read from the SharedCq makes only its con
   fake::FakeProvider fake;
   {
     OnSharedCq s(fake);
-    Buffer buf(64);
-    MrLocal mr = reg(s.peer, buf, MrUsage::send);
+    const MrLocal& mr = s.mr;
     Conn a = connected(fake, s.peer, s.cfg);
     Conn b = connected(fake, s.peer, s.cfg);
     REQUIRE(a.send(mr, 0, 8, Completion::always, 1));
@@ -354,8 +355,7 @@ TEST_CASE("releasing a connection on a SharedCq: each provider call fails in tur
   fail_each_call({"ibv_destroy_qp", "ibv_poll_cq", "rdma_destroy_id", "rdma_destroy_event_channel"}, kErr,
                  [](fake::FakeProvider& fake, Probe& probe) {
     OnSharedCq s(fake);
-    Buffer buf(64);
-    MrLocal mr = reg(s.peer, buf, MrUsage::send);
+    const MrLocal& mr = s.mr;
     Conn a = connected(fake, s.peer, s.cfg);
     Conn b = connected(fake, s.peer, s.cfg);
     send_completed(fake, a, mr, 1);
@@ -390,8 +390,7 @@ TEST_CASE("EventLoop::watch_completions on a SharedCq: batches tagged with their
   fake::FakeProvider fake;
   {
     OnSharedCq s(fake);
-    Buffer buf(64);
-    MrLocal mr = reg(s.peer, buf, MrUsage::send);
+    const MrLocal& mr = s.mr;
     Conn a = connected(fake, s.peer, s.cfg);
     Conn b = connected(fake, s.peer, s.cfg);
     EventLoop loop = make_loop();
@@ -433,8 +432,7 @@ TEST_CASE("co_await loop.completions on a SharedCq: tagged, also when the handle
   fake::FakeProvider fake;
   {
     OnSharedCq s(fake);
-    Buffer buf(64);
-    MrLocal mr = reg(s.peer, buf, MrUsage::send);
+    const MrLocal& mr = s.mr;
     Conn a = connected(fake, s.peer, s.cfg);
     EventLoop loop = make_loop();
     ibv_wc wc[4]{};
