@@ -9,6 +9,7 @@
 RPMAPP_BEGIN_NAMESPACE
 
 class SharedCq;
+class SharedEventChannel;
 class Srq;
 
 /// Queue pair, completion queue and connection parameters of one connection
@@ -78,6 +79,14 @@ struct ConnConfig {
   /// completions on the connection (wait on the shared queue instead). The queue must be on
   /// the connection's device (inval otherwise).
   const SharedCq* shared_cq = nullptr;
+  /// An rdma_cm event channel shared with other connections (SharedEventChannel), instead
+  /// of one of the connection's own (an fd per connection): an outgoing request's id is
+  /// created on it, an accepted request's is moved there from the listener's. Events are
+  /// routed to their connection by id, so Conn::next_event, PendingConnReq::wait,
+  /// EventLoop::watch and the coroutines work as on a channel of its own. Not owned: the
+  /// connection keeps the channel alive itself. Conn::fd and PendingConnReq::fd are then
+  /// inval (the channel's fd is SharedEventChannel::fd); reuse_event_channel is inval.
+  const SharedEventChannel* shared_event_channel = nullptr;
   /// Take the connection's rdma_cm event channel from its Peer's spares, and give it back
   /// when the connection is released, instead of opening and closing one per connection
   /// (an open, a stat, an fcntl and a close of /dev/infiniband/rdma_cm, and the kernel's

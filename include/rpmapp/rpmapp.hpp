@@ -20,6 +20,7 @@
 #include <rpmapp/peer_config.hpp>
 #include <rpmapp/private_data.hpp>
 #include <rpmapp/shared_cq.hpp>
+#include <rpmapp/shared_event_channel.hpp>
 #include <rpmapp/srq.hpp>
 #include <rpmapp/task.hpp>
 #include <rpmapp/version.hpp>

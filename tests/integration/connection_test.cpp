@@ -403,7 +403,7 @@ TEST_CASE("bad ConnReq::to arguments are inval", "[conn]") {
 }
 
 // What an accepted connection costs a server process, per ConnConfig: fds (its rdma_cm
-// event channel and completion channels) and the kernel's CQs, counted around each of 4
+// event channel, unless shared, and completion channels) and the kernel's CQs, counted around each of 4
 // accepts with the resource ledger (tests/reliability/ledger.hpp); each connection is
 // established before the next client starts (a request left waiting at the listener can
 // time out at its client). docs/config.md has the table.
@@ -415,12 +415,14 @@ TEST_CASE("fds and CQs per accepted connection, per configuration", "[conn][fds]
   const std::string port = port_text(ep);
   rpmapp::Srq srq = MUST(rpmapp::Srq::create(peer));  // with its own receive CQ
   rpmapp::SharedCq shared = MUST(rpmapp::SharedCq::create(peer));
+  rpmapp::SharedCq polled_shared = MUST(rpmapp::SharedCq::create(peer, {.completion_channel = false}));
+  rpmapp::SharedEventChannel events = MUST(rpmapp::SharedEventChannel::create());
   struct Case {
     const char* name;
     ConnConfig config;
     long fds, cqs;  // per connection
   };
-  ConnConfig with_rcq, shared_channel, polled, polled_rcq, on_srq, on_shared;
+  ConnConfig with_rcq, shared_channel, polled, polled_rcq, on_srq, on_shared, all_shared;
   with_rcq.rcq_size = 10;
   shared_channel.rcq_size = 10;
   shared_channel.shared_completion_channel = true;
@@ -430,13 +432,17 @@ TEST_CASE("fds and CQs per accepted connection, per configuration", "[conn][fds]
   on_srq.srq = &srq;
   on_shared.srq = &srq;
   on_shared.shared_cq = &shared;
+  all_shared.srq = &srq;
+  all_shared.shared_cq = &polled_shared;
+  all_shared.shared_event_channel = &events;
   const Case cases[] = {{"the default", {}, 2, 1},
                         {"rcq_size 10", with_rcq, 3, 2},
                         {"rcq_size 10, shared_completion_channel", shared_channel, 2, 2},
                         {"completion_channel false", polled, 1, 1},
                         {"completion_channel false, rcq_size 10", polled_rcq, 1, 2},
                         {"srq (its receive CQ shared)", on_srq, 2, 1},
-                        {"srq and shared_cq: no queue of its own", on_shared, 1, 0}};
+                        {"srq and shared_cq: no queue of its own", on_shared, 1, 0},
+                        {"srq, shared_cq and shared_event_channel: no fd either", all_shared, 0, 0}};
   for (const Case& c : cases) {
     INFO(c.name);
     std::vector<Conn> clients, servers;

@@ -91,6 +91,7 @@ struct EchoServer {
   Endpoint& endpoint;
   MrLocal& mr;
   char* memory;  // `slot` bytes per connection, registered by mr
+  rpmapp::ConnConfig config{};  // each accepted connection's
   int accepted = 0;
   int served = 0;
   std::vector<std::string> errors;
@@ -123,7 +124,7 @@ struct EchoServer {
   }
   Task<> accept_all() {
     for (; accepted < clients; ++accepted) {
-      auto req = co_await loop.next_conn_req(endpoint, {}, await_bound);
+      auto req = co_await loop.next_conn_req(endpoint, config, await_bound);
       if (!req) {
         errors.push_back("server: " + req.error().message());
         co_return;
@@ -142,6 +143,7 @@ struct EchoClients {
   std::string ip, port;
   MrLocal& mr;
   char* memory;  // what mr registers; from `clients * slot` on, 2 * `slot` bytes per client: message, answer
+  rpmapp::ConnConfig config{};  // each client's
   int echoed = 0;
   int ended = 0;
   std::vector<std::string> errors;
@@ -150,7 +152,7 @@ struct EchoClients {
     const std::string data = private_data_of(n);
     const std::string message = message_of(n);
     const std::size_t offset = static_cast<std::size_t>(clients) * slot + static_cast<std::size_t>(n) * 2 * slot;
-    auto conn = co_await loop.connect(peer, ip, port, {}, rpmapp::as_bytes(data), await_bound);
+    auto conn = co_await loop.connect(peer, ip, port, config, rpmapp::as_bytes(data), await_bound);
     if (!conn) co_return rpmapp::unexpected(conn.error());
     auto accepted = conn->private_data();
     if (!accepted) co_return rpmapp::unexpected(accepted.error());
@@ -224,9 +226,9 @@ std::string unused_port(const Peer& peer, const std::string& ip) {
 
 }  // namespace
 
-TEST_CASE("a coroutine server and 32 coroutine clients on one loop in one thread: private data and a "
-          "send/recv echo per connection",
-          "[coroutine][echo]") {
+// The echo: `clients` coroutine clients (with `client_config`) and a coroutine server (with
+// `server_config`) on one loop; each client's message comes back on its own connection.
+static void check_echo(const rpmapp::ConnConfig& server_config, const rpmapp::ConnConfig& client_config) {
   const std::string ip = ip1();
   Peer peer = local_peer(ip);
   std::vector<char> memory(static_cast<std::size_t>(clients) * slot + static_cast<std::size_t>(clients + 1) * 2 * slot);
@@ -235,7 +237,9 @@ TEST_CASE("a coroutine server and 32 coroutine clients on one loop in one thread
   EventLoop loop = make_loop();
 
   EchoServer server{loop, ep, mr, memory.data()};
+  server.config = server_config;
   EchoClients users{loop, peer, ip, port_text(ep), mr, memory.data()};
+  users.config = client_config;
   MUST(rpmapp::spawn(loop, server.accept_all()));
   for (int n = 1; n <= clients; ++n) MUST(rpmapp::spawn(loop, users.run(n)));
 
@@ -250,6 +254,25 @@ TEST_CASE("a coroutine server and 32 coroutine clients on one loop in one thread
   // Each connection's message reached the server under that connection's private data.
   REQUIRE(server.received.size() == static_cast<std::size_t>(clients));
   for (int n = 1; n <= clients; ++n) CHECK(server.received[private_data_of(n)] == message_of(n));
+}
+
+TEST_CASE("a coroutine server and 32 coroutine clients on one loop in one thread: private data and a "
+          "send/recv echo per connection",
+          "[coroutine][echo]") {
+  check_echo({}, {});
+}
+
+// The kernel's rdma_cm events of 64 connections through two channels: resolution, connect,
+// accept (rdma_migrate_id onto the shared channel), established and disconnected, each
+// routed to its own connection's coroutine.
+TEST_CASE("the coroutine echo with every connection on a shared event channel: the server's 32 on one, "
+          "the clients' 32 on another",
+          "[coroutine][echo][shared-events]") {
+  rpmapp::SharedEventChannel server_events = MUST(rpmapp::SharedEventChannel::create());
+  rpmapp::SharedEventChannel client_events = MUST(rpmapp::SharedEventChannel::create());
+  check_echo({.shared_event_channel = &server_events}, {.shared_event_channel = &client_events});
+  CHECK(MUST(server_events.connections()) == 0);  // all released
+  CHECK(MUST(client_events.connections()) == 0);
 }
 
 TEST_CASE("next_event: a coroutine waiting on a Conn sees closed when the peer disconnects",

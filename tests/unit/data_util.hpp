@@ -15,7 +15,7 @@ inline Conn connected(fake::FakeProvider& fake, const Peer& peer, const ConnConf
   auto conn = outgoing(peer, "169.254.77.9", cfg).connect();
   INFO((conn ? std::string() : conn.error().message()));
   REQUIRE(conn);
-  fake.inject_event(*conn->fd(), RDMA_CM_EVENT_ESTABLISHED);
+  fake.inject_event_on_qp(*conn->qp_num(), RDMA_CM_EVENT_ESTABLISHED);  // on its channel, shared or not
   auto ev = conn->try_next_event();
   REQUIRE(ev);
   REQUIRE(*ev == ConnEvent::established);

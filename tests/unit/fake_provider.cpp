@@ -2079,6 +2079,20 @@ void FakeProvider::inject_event(int fd, rdma_cm_event_type type, std::string_vie
   queue_event(ch, make_event(target, type, data, pad_to, status));
 }
 
+void FakeProvider::inject_event_on_qp(std::uint32_t qp_num, rdma_cm_event_type type, std::string_view data,
+                                      int status, bool pad) {
+  auto held = lock();
+  rdma_cm_id* target = nullptr;
+  for (auto& [id, info] : ids_)
+    if (id->qp != nullptr && id->qp->qp_num == qp_num) target = id;
+  REQUIRE(target != nullptr);
+  REQUIRE(target->channel != nullptr);
+  std::size_t pad_to = 0;
+  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = accept_pad;
+  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = reject_pad;
+  queue_event(target->channel, make_event(target, type, data, pad_to, status));
+}
+
 std::size_t FakeProvider::queued(int fd) const {
   auto held = lock();
   for (auto& [ch, state] : channels_)

@@ -247,6 +247,10 @@ class FakeProvider {
   /// as rdma_cm does (196 bytes for ESTABLISHED, 148 for REJECTED) unless `pad` is false.
   void inject_event(int fd, rdma_cm_event_type type, std::string_view private_data = {},
                     int status = 0, bool pad = true);
+  /// Queues `type` for the cm_id whose queue pair is `qp_num`, on whatever channel it is
+  /// (a shared one holds many ids). Padded as inject_event.
+  void inject_event_on_qp(std::uint32_t qp_num, rdma_cm_event_type type, std::string_view private_data = {},
+                          int status = 0, bool pad = true);
   /// Events queued (not yet taken) on the channel with fd `fd`.
   std::size_t queued(int fd) const;
   /// Marks the channel with fd `fd` non-blocking (O_NONBLOCK on a real fd).

@@ -243,4 +243,38 @@ TEST_CASE("threads: a SharedCq read on one thread while connections on it are ma
   fake.expect_clean();
 }
 
+// THREAD_SAFETY.md, SharedEventChannel: "connections on the channel may be made, waited on
+// and released on any threads at once".
+TEST_CASE("threads: 8 threads wait on their own connections of one SharedEventChannel; each gets its own "
+          "events, whichever thread reads them", "[threads][shared-events]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    SharedEventChannel channel = *SharedEventChannel::create();
+    ConnConfig cfg;
+    cfg.shared_event_channel = &channel;
+    std::vector<Conn> conns;
+    for (int t = 0; t < kThreads; ++t) conns.push_back(connected(fake, peer, cfg));
+    std::vector<std::string> got(kThreads);
+    std::atomic<int> waiting{0};
+    std::thread injector([&] {
+      while (waiting.load() < kThreads) std::this_thread::yield();
+      for (int t = kThreads - 1; t >= 0; --t) {  // in reverse: most are read by another thread
+        fake.inject_event_on_qp(*conns[t].qp_num(), RDMA_CM_EVENT_DISCONNECTED);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+    in_threads([&](int t) {
+      ++waiting;
+      auto event = conns[t].next_event_for(std::chrono::milliseconds(5000));
+      got[t] = event ? std::string(to_string(*event)) : event.error().message();
+      if (event) (void)std::move(conns[t]).close();  // released while others still wait
+    });
+    injector.join();
+    for (int t = 0; t < kThreads; ++t) CHECK(got[t] == "closed");
+    CHECK(*channel.connections() == 0);
+  }
+  fake.expect_clean();
+}
+
 }  // namespace threads_test

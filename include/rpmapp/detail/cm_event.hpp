@@ -49,6 +49,8 @@ class Deadline {
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
     return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
   }
+  /// When a bounded wait ends (meaningless for forever()).
+  clock::time_point end() const noexcept { return end_; }
 
  private:
   bool now_passed() const noexcept { return end_ == clock::time_point::min(); }

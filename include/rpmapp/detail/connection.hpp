@@ -1,16 +1,19 @@
-// What a connection request and a connection own: the cm_id with its own event channel,
-// the completion channel, the completion queues and the queue pair.
+// What a connection request and a connection own: the cm_id with its own event channel (or
+// its inbox on a shared one), the completion channel, the completion queues and the queue
+// pair.
 #pragma once
 
 #include <rpmapp/config.hpp>
 #include <rpmapp/cq.hpp>
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/event_routes.hpp>
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/detail/source_link.hpp>
 #include <rpmapp/peer.hpp>
 #include <rpmapp/private_data.hpp>
 #include <rpmapp/shared_cq.hpp>
+#include <rpmapp/shared_event_channel.hpp>
 #include <rpmapp/srq.hpp>
 
 #include <cstddef>
@@ -30,7 +33,11 @@ struct ConnectionCore {
   std::shared_ptr<PeerState> peer;
   std::shared_ptr<SrqState> srq;  // ConnConfig::srq's, or none
   std::shared_ptr<SharedCqState> shared_cq;  // ConnConfig::shared_cq's, or none
+  /// ConnConfig::shared_event_channel's (then `channel` is empty and the id's events come
+  /// through `inbox`), or none.
+  std::shared_ptr<EventRoutes> events;
   EventChannel channel;
+  EventInbox inbox;
   CmId id;
   CompChannel comp_channel;  // the CQ's, or the one both CQs share (none: completion_channel off)
   CompChannel rcq_channel;   // the receive CQ's own (not shared)
@@ -113,12 +120,15 @@ expected<void> check_config(const char* call, const ConnConfig& cfg) noexcept;
 struct SharedQueues {
   std::shared_ptr<SrqState> srq;            // null without one
   std::shared_ptr<SharedCqState> cq;        // null without one
+  std::shared_ptr<EventRoutes> events;      // ConnConfig::shared_event_channel's, or null
 };
 
 /// `cfg`'s shared queues (an empty handle, which check_config refuses, gives none).
 inline SharedQueues shared_queues_of(const ConnConfig& cfg) noexcept {
   return {cfg.srq != nullptr && *cfg.srq ? cfg.srq->state() : nullptr,
-          cfg.shared_cq != nullptr && *cfg.shared_cq ? cfg.shared_cq->state() : nullptr};
+          cfg.shared_cq != nullptr && *cfg.shared_cq ? cfg.shared_cq->state() : nullptr,
+          cfg.shared_event_channel != nullptr && *cfg.shared_event_channel ? cfg.shared_event_channel->state()
+                                                                           : nullptr};
 }
 
 /// Gives `core` (whose peer is known) a share of the shared queues (none: nothing), so
@@ -130,9 +140,26 @@ expected<void> attach_shared_queues(const char* call, ConnectionCore& core, cons
                                     const SharedQueues& shared) noexcept;
 
 /// Gives `core` (its peer and config set) its rdma_cm event channel: one of the peer's
-/// spares with ConnConfig::reuse_event_channel, else a new non-blocking one.
+/// spares with ConnConfig::reuse_event_channel, else a new non-blocking one; nothing on a
+/// shared event channel (core.events).
 /// Errors: provider (rdma_create_event_channel, fcntl).
 expected<void> open_event_channel(ConnectionCore& core) noexcept;
+
+/// The channel `core`'s id is (to be) on: its own or the shared one.
+inline rdma_event_channel* event_channel_of(const ConnectionCore& core) noexcept {
+  return core.events ? core.events->channel.get() : core.channel.get();
+}
+
+/// The fd to poll for `core`'s events: its own channel's, or the shared channel's (whose
+/// events may be other connections'). For Conn::fd and the like: inval on a shared channel.
+expected<int> event_fd(const char* call, const ConnectionCore& core) noexcept;
+
+/// The next event of `core`'s id, waiting until `deadline`: from its own channel, or its
+/// inbox on a shared one (EventRoutes::next). Errors: as next_cm_event.
+inline expected<CmEvent> next_event_of(ConnectionCore& core, const Deadline& deadline) noexcept {
+  if (core.events) return core.events->next(core.inbox, deadline);
+  return next_cm_event(core.channel.get(), deadline);
+}
 
 /// A CQ of `size` entries for `core` on `channel` (null without completion_channel): one of
 /// its peer's spares with reuse_completion_queues (which has no channel), else a new one.

@@ -38,7 +38,7 @@ struct HandlerWaiter : Waiter {
   virtual void handle(std::uint32_t events) = 0;
 
   /// Still able to call its handler: registered in a loop, its source alive.
-  virtual bool active() const noexcept { return slot != no_slot; }
+  virtual bool active() const noexcept { return watching(); }
 
   // RPMAPP_DECL on the declarations of virtual functions defined in impl/: inline in
   // header-only mode, else an includer takes one for the class's key function and emits
@@ -47,7 +47,7 @@ struct HandlerWaiter : Waiter {
   /// The Registration lets go.
   void release() noexcept;
   /// Released by its own handler, or its source or loop is gone: stop handling.
-  bool done() const noexcept { return orphaned || slot == no_slot; }
+  bool done() const noexcept { return orphaned || !watching(); }
   void source_gone() noexcept override {
     if (loop != nullptr) loop->remove(*this);
   }
@@ -60,14 +60,14 @@ struct ServeWaiter final : detail::HandlerWaiter {
   detail::KeptConfig config;
   std::shared_ptr<ConnReqHandler> shared_handler;
   ConnReqHandler handler;
-  bool active() const noexcept override { return slot != no_slot && link != nullptr; }
+  bool active() const noexcept override { return watching() && link != nullptr; }
   RPMAPP_DECL void handle(std::uint32_t) override;
 };
 
 struct ConnWaiter final : detail::HandlerWaiter {
   detail::ConnectionCore* core = nullptr;
   std::function<void(expected<ConnEvent>)> handler;
-  bool active() const noexcept override { return slot != no_slot && link != nullptr; }
+  bool active() const noexcept override { return watching() && link != nullptr; }
   // The connection was found lost by its completions: no fd says so.
   void source_signalled() noexcept override {
     if (loop != nullptr) loop->post_signal(*this);
@@ -86,7 +86,7 @@ struct CompletionWaiter final : detail::HandlerWaiter {
   detail::ConnectionCore* core = nullptr;  // valid while active (its Conn tells it first)
   bool receive = false;
   std::function<void(expected<std::span<const ibv_wc>>)> handler;
-  bool active() const noexcept override { return slot != no_slot && link != nullptr; }
+  bool active() const noexcept override { return watching() && link != nullptr; }
 
   // Takes the channel's events, re-arms, and polls the queue(s) empty: the channel raises
   // no new event for what is already queued, so a drain cut short (the round's budget, the

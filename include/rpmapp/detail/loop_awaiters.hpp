@@ -27,12 +27,13 @@ RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
 /// A ConnConfig kept for every later request of a listener (EventLoop::serve, co_await
-/// next_conn_req): its Srq's and SharedCq's queues held, not the pointers (the handles
+/// next_conn_req): its Srq's, SharedCq's and SharedEventChannel's state held, not the pointers (the handles
 /// may move or go).
 struct KeptConfig {
   explicit KeptConfig(const ConnConfig& cfg) noexcept : config(cfg), shared(shared_queues_of(cfg)) {
     config.srq = nullptr;
     config.shared_cq = nullptr;
+    config.shared_event_channel = nullptr;
   }
   ConnConfig config;
   SharedQueues shared;
@@ -47,6 +48,12 @@ struct LoopAccess {
   static expected<ConnReq> take_request(const char* call, ListenerState& listener, const KeptConfig& kept);
 };
 
+/// Makes `w` wait in `loop` for the events of `core`'s id: its own channel's fd, or its
+/// inbox on a shared event channel. Errors: as LoopCore::add and add_routed.
+inline expected<void> watch_conn_events(const char* call, LoopCore& loop, Waiter& w, ConnectionCore& core) noexcept {
+  if (core.events) return loop.add_routed(call, w, core.events, core.inbox);
+  return loop.add(w, core.channel->fd, EPOLLIN);
+}
 
 /// Makes a connection's completion channels non-blocking (once): a loop reads them only
 /// after epoll said readable, but never blocks should another reader have taken the event.
@@ -108,7 +115,11 @@ class NextEventAwaiter final : public Awaiter<NextEventAwaiter, expected<ConnEve
       : Awaiter(core, "EventLoop::next_event", timeout), conn_(LoopAccess::core(conn)) {}
 
   bool attempt() noexcept;
-  expected<void> watch() noexcept { return watch_fd(conn_->channel->fd, &conn_->watchers); }
+  expected<void> watch() noexcept {
+    if (auto ok = watch_conn_events(call(), *core(), *this, *conn_); !ok) return ok;
+    conn_->watchers.attach(*this);
+    return {};
+  }
   void fail_with(const Error& e) noexcept { result_ = fail(e); }
   expected<ConnEvent> take() noexcept { return result_; }
   // The connection was found lost by its completions: no fd says so.
@@ -130,7 +141,7 @@ class ResolveAwaiter final : public Awaiter<ResolveAwaiter, expected<ConnReq>> {
   ~ResolveAwaiter() { detach(); }
 
   bool attempt() noexcept;
-  expected<void> watch() noexcept { return watch_fd(LoopAccess::core(pending_)->channel->fd, nullptr); }
+  expected<void> watch() noexcept { return watch_conn_events(call(), *core(), *this, *LoopAccess::core(pending_)); }
   void fail_with(const Error& e) noexcept { result_.emplace(fail(e)); }
   expected<ConnReq> take() noexcept { return std::move(*result_); }
 
@@ -152,8 +163,8 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
 
   bool attempt() noexcept;
   expected<void> watch() noexcept {
-    if (stage_ == Stage::resolving) return watch_fd(LoopAccess::core(*pending_)->channel->fd, nullptr);
-    return watch_fd(LoopAccess::core(*conn_)->channel->fd, nullptr);
+    if (stage_ == Stage::resolving) return watch_conn_events(call(), *core(), *this, *LoopAccess::core(*pending_));
+    return watch_conn_events(call(), *core(), *this, *LoopAccess::core(*conn_));
   }
   void fail_with(const Error& e) noexcept {
     error_ = e;

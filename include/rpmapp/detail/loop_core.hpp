@@ -10,12 +10,14 @@
 
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
+#include <rpmapp/detail/event_routes.hpp>
 #include <rpmapp/detail/source_link.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <vector>
 
 RPMAPP_BEGIN_NAMESPACE
@@ -38,6 +40,15 @@ struct Waiter : SourceWatcher {
   bool posted = false;
   bool signalled = false;  // posted by post_signal: run as ready(EPOLLIN), not run_posted()
   Waiter* post_next = nullptr;
+  /// Waiting for a connection's events on a shared event channel (LoopCore::add_routed):
+  /// its inbox, and the loop's pump reading that channel.
+  EventInbox* inbox = nullptr;
+  Waiter* pump = nullptr;
+  Waiter* routed_prev = nullptr;
+  Waiter* routed_next = nullptr;
+
+  /// Whether it waits for an fd or for routed events (it may be woken by something).
+  bool watching() const noexcept { return slot != no_slot || inbox != nullptr; }
 
   /// The fd is ready (epoll's events). A handler's exception leaves through here.
   virtual void ready(std::uint32_t events) = 0;
@@ -50,6 +61,8 @@ struct Waiter : SourceWatcher {
   /// Work posted with LoopCore::post, run after the dispatch that posted it.
   virtual void run_posted() noexcept {}
   void source_gone() noexcept override {}
+  /// Routed events wake it as its fd would (post_signal).
+  void events_routed() noexcept override;
 
  protected:
   ~Waiter() = default;
@@ -104,12 +117,20 @@ class LoopCore {
   /// when something already waits on the fd in this loop), nomem.
   expected<void> add(Waiter& w, int fd, std::uint32_t events) noexcept;
 
-  /// Takes `w` out of the epoll set, its deadline and the posted work: it no longer
-  /// refers to the loop.
+  /// Makes `w` wait for the events routed to `inbox` on the shared channel `routes`: the
+  /// channel's fd joins the epoll set once per loop (its pump, which routes what it reads
+  /// and wakes the waiters of those inboxes). Errors: inval (another loop drives the
+  /// channel); provider (epoll_ctl: EEXIST when something of this loop already waits on
+  /// the inbox); nomem.
+  expected<void> add_routed(const char* call, Waiter& w, const std::shared_ptr<EventRoutes>& routes,
+                            EventInbox& inbox) noexcept;
+
+  /// Takes `w` out of the epoll set (or its inbox), its deadline and the posted work: it
+  /// no longer refers to the loop.
   void remove(Waiter& w) noexcept;
 
-  /// Takes `w` out of the epoll set only (its deadline stays): before a call that may
-  /// destroy the fd it waits on.
+  /// Takes `w` out of the epoll set (or its inbox) only (its deadline stays): before a
+  /// call that may destroy the fd it waits on.
   void unwatch(Waiter& w) noexcept;
 
   void set_deadline(Waiter& w, Waiter::clock::time_point when) noexcept;
@@ -178,6 +199,7 @@ class LoopCore {
   Waiter* posted_tail = nullptr;
   Waiter* next_head = nullptr;  // post_next_round's, for the next run_once
   Waiter* next_tail = nullptr;
+  Waiter* routed = nullptr;  // the waiters of routed events (add_routed)
 };
 
 /// One round of `core` (EventLoop::run_once, block_on): a pending stop() cancels the

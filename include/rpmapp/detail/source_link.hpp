@@ -25,6 +25,9 @@ struct SourceWatcher {
   /// The source has news that no fd announces (a connection found lost by its completions):
   /// look at it again soon, from the loop, not from inside this call.
   virtual void source_signalled() noexcept {}
+  /// An event for the connection it waits on was routed to its inbox (a shared event
+  /// channel, EventRoutes): look at it soon, from the loop.
+  virtual void events_routed() noexcept {}
 
  protected:
   SourceWatcher() = default;

@@ -16,7 +16,7 @@ RPMAPP_DECL expected<std::optional<ConnEvent>>
 take_conn_event(const char* call, ConnectionCore& core,
                                                                const Deadline& deadline) noexcept {
   return no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
-    auto event = next_cm_event(core.channel.get(), deadline);
+    auto event = next_event_of(core, deadline);
     if (!event) return fail(event.error());
     event->get_deleter().by = {call, LogLevel::notice};  // acknowledged there on failure only
     const rdma_cm_event_type type = (*event)->event;
@@ -84,7 +84,7 @@ RPMAPP_DECL Conn& Conn::operator=(Conn&& other) noexcept {
 
 RPMAPP_DECL expected<int> Conn::fd() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::fd"));
-  return core_->channel->fd;
+  return detail::event_fd("Conn::fd", *core_);
 }
 
 RPMAPP_DECL expected<std::span<const std::byte>> Conn::private_data() const noexcept {

@@ -95,9 +95,11 @@ RPMAPP_DECL expected<PendingConnReq> ConnReq::start_as(const char* call, const P
     if (auto ok = detail::open_event_channel(*core); !ok) return detail::fail(ok.error());
     rdma_cm_id* id = nullptr;
     errno = 0;
-    if (p.create_id(core->channel.get(), &id, nullptr, RDMA_PS_TCP) != 0)
+    if (p.create_id(detail::event_channel_of(*core), &id, nullptr, RDMA_PS_TCP) != 0)
       return detail::fail(detail::provider_error("rdma_create_id", errno));
     core->id.reset(id);
+    if (core->events)
+      if (auto routed = core->events->add(id, core->inbox); !routed) return detail::fail(routed.error());
     errno = 0;
     if (p.resolve_addr(id, nullptr, where.get(), static_cast<int>(config.timeout.count())) != 0)
       return detail::fail(detail::provider_error("rdma_resolve_addr", errno));
@@ -140,7 +142,7 @@ RPMAPP_DECL expected<ConnReq> PendingConnReq::advance_events(const char* call,
   if (!core_) return detail::fail(detail::moved_from(call));
   const detail::Deadline deadline(wait);  // one bound for all the events handled
   for (;;) {
-    auto event = detail::next_cm_event(core_->channel.get(), deadline);
+    auto event = detail::next_event_of(*core_, deadline);
     if (!event) {
       if (event.error() != errc::no_event) drop(call);
       return detail::fail(event.error());
@@ -234,7 +236,7 @@ RPMAPP_DECL expected<ConnId> ConnReq::id() const noexcept {
 
 RPMAPP_DECL expected<int> PendingConnReq::fd() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("PendingConnReq::fd"));
-  return core_->channel->fd;
+  return detail::event_fd("PendingConnReq::fd", *core_);
 }
 
 RPMAPP_DECL expected<ConnReq> PendingConnReq::try_wait() && noexcept {

@@ -72,6 +72,8 @@ RPMAPP_DECL expected<void> close_core(ConnectionCore& core, Teardown by) noexcep
     first.value_call(p.destroy_comp_channel(core.comp_channel.release()),
                      "ibv_destroy_comp_channel");
   bool channel_empty = true;  // no cm_id left on it: it may be reused
+  // Off the shared channel first: rdma_destroy_id waits for the id's events to be acknowledged.
+  if (core.events) core.events->retire(core.id.get(), core.inbox, first);
   if (core.id) {
     errno = 0;
     if (core.id.get_deleter().reject_first)
@@ -88,6 +90,7 @@ RPMAPP_DECL expected<void> close_core(ConnectionCore& core, Teardown by) noexcep
   }
   core.srq.reset();
   core.shared_cq.reset();
+  core.events.reset();
   core.peer.reset();
   return first.result();
 }
@@ -111,6 +114,13 @@ RPMAPP_DECL expected<void> check_config(const char* call, const ConnConfig& cfg)
   if (cfg.own_protection_domain && cfg.srq != nullptr)
     return fail(invalid(call, "a shared receive queue is on its Peer's protection domain: a "
                               "connection with its own (own_protection_domain) cannot use one"));
+  if (cfg.shared_event_channel != nullptr) {
+    if (!*cfg.shared_event_channel)
+      return fail(invalid(call, "shared_event_channel points at an empty SharedEventChannel (moved from or closed)"));
+    if (cfg.reuse_event_channel)
+      return fail(invalid(call, "a connection on a shared event channel (shared_event_channel) has no channel of "
+                                "its own to reuse: reuse_event_channel must be false"));
+  }
   if (cfg.shared_cq != nullptr) {
     if (!*cfg.shared_cq) return fail(invalid(call, "shared_cq points at an empty SharedCq (moved from or closed)"));
     if (cfg.rcq_size > 0 || cfg.shared_completion_channel || cfg.reuse_completion_queues)
@@ -137,10 +147,20 @@ RPMAPP_DECL expected<void> attach_shared_queues(const char* call, ConnectionCore
   }
   core.srq = shared.srq;
   core.shared_cq = shared.cq;
+  core.config.shared_event_channel = nullptr;
+  core.events = shared.events;
   return {};
 }
 
+RPMAPP_DECL expected<int> event_fd(const char* call, const ConnectionCore& core) noexcept {
+  if (core.events)
+    return fail(invalid(call, "the connection is on a shared event channel (shared_event_channel), whose fd "
+                              "carries other connections' events too: poll SharedEventChannel::fd()"));
+  return core.channel->fd;
+}
+
 RPMAPP_DECL expected<void> open_event_channel(ConnectionCore& core) noexcept {
+  if (core.events) return {};
   if (reuses_channels(core)) {
     if (rdma_event_channel* spare = core.peer->take_spare_channel()) {
       core.channel.reset(spare);

@@ -287,8 +287,11 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   if (auto made = create_queues(*core, config); !made) return fail(made.error());
   if (auto acked = ack(*event); !acked) return fail(acked.error());
   if (auto ok = open_event_channel(*core); !ok) return fail(ok.error());
+  // Routed before the move: the id's next event may come at once.
+  if (core->events)
+    if (auto routed = core->events->add(core->id.get(), core->inbox); !routed) return fail(routed.error());
   errno = 0;
-  if (provider().migrate_id(core->id.get(), core->channel.get()) != 0)
+  if (provider().migrate_id(core->id.get(), event_channel_of(*core)) != 0)
     return fail(provider_error("rdma_migrate_id", errno));
   return core;
 }

@@ -35,7 +35,7 @@ RPMAPP_DECL bool NextEventAwaiter::attempt() noexcept {
 RPMAPP_DECL bool ResolveAwaiter::attempt() noexcept {
   if (!pending_) return finish(invalid(call(), "the request is empty (moved from or consumed)"));
   // A failed step releases the request's channel inside try_wait: out of epoll first.
-  const bool watching = slot != no_slot;
+  const bool watching = this->watching();
   if (watching) core()->unwatch(*this);
   auto request = std::move(pending_).try_wait();
   if (!request && request.error() == errc::no_event && pending_) {
@@ -72,7 +72,7 @@ RPMAPP_DECL bool ConnectAwaiter::attempt() noexcept {
   }
   if (stage_ == Stage::resolving) {
     // A failed step releases the request's channel inside try_wait: out of epoll first.
-    const bool watching = slot != no_slot;
+    const bool watching = this->watching();
     if (watching) core()->unwatch(*this);
     auto request = std::move(*pending_).try_wait();
     if (!request && request.error() == errc::no_event && *pending_) {

@@ -5,6 +5,7 @@
 #include <rpmapp/log.hpp>
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 RPMAPP_BEGIN_NAMESPACE
@@ -14,6 +15,59 @@ RPMAPP_DECL Waiter::clock::time_point deadline_after(std::chrono::milliseconds t
   const auto now = Waiter::clock::now();
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(Waiter::clock::time_point::max() - now);
   return timeout >= left ? Waiter::clock::time_point::max() : now + timeout;
+}
+
+/// The loop's reader of a shared event channel: one epoll entry for the channel however
+/// many connections on it the loop waits for. Owned by the loop; it goes with its last user.
+struct EventPump final : Waiter {
+  explicit EventPump(std::shared_ptr<EventRoutes> r) noexcept : routes(std::move(r)) {}
+  std::shared_ptr<EventRoutes> routes;  // keeps the channel open while in the epoll set
+  long users = 0;
+  // Routing wakes the waiters of the inboxes it fills (posted: they run after this).
+  void ready(std::uint32_t) noexcept override { routes->pump_events(LoopCore::batch, "EventLoop (shared event channel)"); }
+};
+
+RPMAPP_DECL void Waiter::events_routed() noexcept {
+  if (loop != nullptr) loop->post_signal(*this);
+}
+
+RPMAPP_DECL expected<void> LoopCore::add_routed(const char* call, Waiter& w, const std::shared_ptr<EventRoutes>& routes,
+                                                EventInbox& inbox) noexcept {
+  if (routes->driven_by != nullptr && routes->driven_by != this)
+    return fail(invalid(call, "the connection's shared event channel is driven by another event loop"));
+  auto* pump = static_cast<EventPump*>(routes->pump);
+  if (pump == nullptr) {
+    pump = new (std::nothrow) EventPump(routes);
+    if (pump == nullptr) return fail(Error(errc::nomem, ENOMEM, "EventLoop", "memory allocation failed"));
+    if (auto ok = add(*pump, routes->channel->fd, EPOLLIN); !ok) {
+      delete pump;
+      return ok;
+    }
+    routes->pump = pump;
+    routes->driven_by = this;
+  }
+  {
+    std::lock_guard lock(routes->mutex);
+    if (inbox.waiter != nullptr) {
+      if (pump->users == 0) {
+        unwatch(*pump);
+        routes->pump = routes->driven_by = nullptr;
+        delete pump;
+      }
+      return fail(provider_error("epoll_ctl", EEXIST, "the connection's events are already watched by this loop"));
+    }
+    inbox.waiter = &w;
+    if (inbox.count > 0) post_signal(w);  // routed before the wait began
+  }
+  ++pump->users;
+  w.inbox = &inbox;
+  w.pump = pump;
+  w.loop = this;
+  w.routed_prev = nullptr;
+  w.routed_next = routed;
+  if (routed != nullptr) routed->routed_prev = &w;
+  routed = &w;
+  return {};
 }
 
 RPMAPP_DECL expected<void> LoopCore::open() noexcept {
@@ -38,6 +92,12 @@ RPMAPP_DECL LoopCore::~LoopCore() {
     OwnedTask* t = owned;
     disown(*t);
     t->destroy_owned();
+  }
+  // First: their removal releases the pumps, which sit in the epoll set.
+  while (Waiter* w = routed) {
+    remove(*w);
+    w->loop = nullptr;
+    w->loop_gone();
   }
   for (Waiter** head : {&posted_head, &next_head})
     while (Waiter* w = *head) {
@@ -103,6 +163,23 @@ RPMAPP_DECL void LoopCore::remove(Waiter& w) noexcept {
 }
 
 RPMAPP_DECL void LoopCore::unwatch(Waiter& w) noexcept {
+  if (w.inbox != nullptr) {
+    auto* pump = static_cast<EventPump*>(w.pump);
+    {
+      std::lock_guard lock(pump->routes->mutex);
+      w.inbox->waiter = nullptr;
+    }
+    w.inbox = nullptr;
+    w.pump = nullptr;
+    (w.routed_prev != nullptr ? w.routed_prev->routed_next : routed) = w.routed_next;
+    if (w.routed_next != nullptr) w.routed_next->routed_prev = w.routed_prev;
+    w.routed_prev = w.routed_next = nullptr;
+    if (--pump->users == 0) {
+      unwatch(*pump);
+      pump->routes->pump = pump->routes->driven_by = nullptr;
+      delete pump;
+    }
+  }
   if (w.slot != Waiter::no_slot) {
     errno = 0;
     if (seam->epoll_ctl(epfd, EPOLL_CTL_DEL, w.fd, nullptr) != 0)

@@ -76,7 +76,7 @@ RPMAPP_DECL expected<Registration> EventLoop::watch(
     auto w = std::make_unique<detail::ConnWaiter>();
     w->core = core;
     w->handler = std::move(handler);
-    if (auto ok = core_->add(*w, core->channel->fd, EPOLLIN); !ok) return detail::fail(ok.error());
+    if (auto ok = detail::watch_conn_events(call, *core_, *w, *core); !ok) return detail::fail(ok.error());
     core->watchers.attach(*w);
     return Registration(w.release());
   });
@@ -91,8 +91,7 @@ RPMAPP_DECL expected<Registration> EventLoop::resolve(PendingConnReq&& pending,
   return detail::no_throw(call, [&]() -> expected<Registration> {
     auto w = std::make_unique<detail::ResolveWaiter>(std::move(pending));
     w->handler = std::move(handler);
-    const int fd = detail::LoopAccess::core(w->pending)->channel->fd;
-    if (auto ok = core_->add(*w, fd, EPOLLIN); !ok) {
+    if (auto ok = detail::watch_conn_events(call, *core_, *w, *detail::LoopAccess::core(w->pending)); !ok) {
       pending = std::move(w->pending);  // loses nothing
       return detail::fail(ok.error());
     }

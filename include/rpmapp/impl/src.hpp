@@ -25,6 +25,7 @@
 #include <rpmapp/impl/detail_connection.ipp>
 #include <rpmapp/impl/detail_device_context.ipp>
 #include <rpmapp/impl/detail_errors.ipp>
+#include <rpmapp/impl/detail_event_routes.ipp>
 #include <rpmapp/impl/detail_format.ipp>
 #include <rpmapp/impl/detail_grants.ipp>
 #include <rpmapp/impl/detail_handler_waiters.ipp>
@@ -41,4 +42,5 @@
 #include <rpmapp/impl/peer.ipp>
 #include <rpmapp/impl/peer_config.ipp>
 #include <rpmapp/impl/shared_cq.ipp>
+#include <rpmapp/impl/shared_event_channel.ipp>
 #include <rpmapp/impl/srq.ipp>

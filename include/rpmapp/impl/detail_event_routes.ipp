@@ -1,0 +1,125 @@
+// rpmapp/detail/event_routes.hpp's definitions: routing a shared channel's events.
+#pragma once
+
+#include <rpmapp/detail/device_context.hpp>
+#include <rpmapp/detail/event_routes.hpp>
+
+#include <cerrno>
+#include <new>
+
+RPMAPP_BEGIN_NAMESPACE
+namespace detail {
+
+RPMAPP_DECL EventRoutes::~EventRoutes() { release(); }
+
+RPMAPP_DECL void EventRoutes::release() noexcept {
+  if (channel) seam->destroy_event_channel(channel.release());
+}
+
+RPMAPP_DECL expected<void> EventRoutes::add(const rdma_cm_id* id, EventInbox& inbox) noexcept {
+  std::lock_guard lock(mutex);
+  try {
+    routes[id] = &inbox;
+  } catch (const std::bad_alloc&) {
+    return fail(Error(errc::nomem, ENOMEM, "SharedEventChannel", "memory allocation failed routing a connection's events"));
+  }
+  return {};
+}
+
+RPMAPP_DECL void EventRoutes::retire(const rdma_cm_id* id, EventInbox& inbox, FirstError& first) noexcept {
+  std::lock_guard lock(mutex);
+  if (id != nullptr) {
+    auto found = routes.find(id);
+    if (found != routes.end() && found->second == &inbox) routes.erase(found);
+  }
+  for (; inbox.count > 0; --inbox.count) {
+    rdma_cm_event* event = inbox.events[inbox.head];
+    inbox.head = static_cast<std::uint8_t>((inbox.head + 1) % EventInbox::capacity);
+    log_event(LogLevel::info, first.by.where, event->event, "not taken before the connection was released");
+    errno = 0;
+    first.errno_call(seam->ack_cm_event(event), "rdma_ack_cm_event");
+  }
+}
+
+RPMAPP_DECL void EventRoutes::route(rdma_cm_event* event) noexcept {
+  // every later call on the device's objects fails clearly (check_device), as next_cm_event
+  if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL && event->id != nullptr)
+    mark_device_removed(event->id->verbs);
+  auto found = routes.find(event->id);
+  EventInbox* inbox = found != routes.end() ? found->second : nullptr;
+  if (inbox == nullptr || inbox->count == EventInbox::capacity) [[unlikely]] {
+    log_event(inbox == nullptr ? LogLevel::info : LogLevel::warning, "SharedEventChannel", event->event,
+              inbox == nullptr ? "for a connection no longer on the channel: dropped"
+                               : "the connection's inbox is full (its events are not being taken): dropped");
+    errno = 0;
+    log_errno_release({"SharedEventChannel", LogLevel::warning}, seam->ack_cm_event(event), "rdma_ack_cm_event");
+    return;
+  }
+  inbox->events[(inbox->head + inbox->count) % EventInbox::capacity] = event;
+  ++inbox->count;
+  if (inbox->waiter != nullptr) inbox->waiter->events_routed();
+}
+
+RPMAPP_DECL expected<CmEvent> EventRoutes::next(EventInbox& inbox, const Deadline& deadline) noexcept {
+  const Provider& p = *seam;
+  std::unique_lock lock(mutex);
+  int empty_read = 0;
+  for (;;) {
+    if (inbox.count > 0) {
+      rdma_cm_event* event = inbox.events[inbox.head];
+      inbox.head = static_cast<std::uint8_t>((inbox.head + 1) % EventInbox::capacity);
+      --inbox.count;
+      return CmEvent(event, CmEventAcker{{&p}});
+    }
+    if (!reading) {
+      reading = true;
+      lock.unlock();
+      CmReadFailure failed;
+      rdma_cm_event* event = poll_cm_event(channel.get(), deadline, p, empty_read, failed);
+      lock.lock();
+      reading = false;
+      reader_done.notify_all();
+      if (event != nullptr) {
+        route(event);
+        continue;
+      }
+      if (inbox.count > 0) continue;
+      if (failed.call != nullptr) return fail(provider_error(failed.call, failed.sys_errno));
+      if (deadline.passed())
+        return fail(Error(errc::no_event, empty_read, "rdma_get_cm_event",
+                          empty_read != 0 ? "the channel has no event" : "no event in time"));
+      continue;
+    }
+    // Another thread reads the channel: it routes this connection's events here.
+    if (deadline.immediate() || deadline.passed())
+      return fail(Error(errc::no_event, 0, "rdma_get_cm_event", "no event (another thread is reading the channel)"));
+    if (deadline.forever()) reader_done.wait(lock);
+    else reader_done.wait_until(lock, deadline.end());
+  }
+}
+
+RPMAPP_DECL std::size_t EventRoutes::pump_events(int max, const char* where) noexcept {
+  const Provider& p = *seam;
+  std::lock_guard lock(mutex);
+  if (reading) return 0;  // that reader routes them
+  const Deadline now(Wait::none());
+  std::size_t routed = 0;
+  for (int i = 0; i < max; ++i) {
+    int empty_read = 0;
+    CmReadFailure failed;
+    rdma_cm_event* event = poll_cm_event(channel.get(), now, p, empty_read, failed);
+    if (failed.call != nullptr) log(LogLevel::warning, where, provider_error(failed.call, failed.sys_errno));
+    if (event == nullptr) break;
+    route(event);
+    ++routed;
+  }
+  return routed;
+}
+
+RPMAPP_DECL std::size_t EventRoutes::size() const noexcept {
+  std::lock_guard lock(mutex);
+  return routes.size();
+}
+
+}  // namespace detail
+RPMAPP_END_NAMESPACE
