@@ -3,8 +3,9 @@
 // back, so no variant may follow another in the same process) with the clients in a
 // process of their own (their memory is not measured):
 //   - the server listens (bench/servers.hpp: rpmapp's Endpoint + ConnReq::connect + Conn
-//     in an epoll loop, the same with every connection on one SharedCq and one Srq
-//     ("rpmapp-shared": no CQ or completion channel per connection), librpma's
+//     in an epoll loop; rpmapp's EventLoop with handlers and every connection on one
+//     SharedCq, one Srq and one SharedEventChannel ("rpmapp-shared": no CQ, completion
+//     channel or event channel per connection); librpma's
 //     rpma_ep_listen + rpma_conn_req_connect, hand-written librdmacm), resets its peak RSS (/proc/self/clear_refs) and reads its RSS: the
 //     listener alone;
 //   - it spawns the client, which makes N raw librdmacm connections (C in flight) and
@@ -239,18 +240,22 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
   std::optional<rpmapp::Peer> peer;
   std::optional<rpmapp::SharedCq> shared_cq;
   std::optional<rpmapp::Srq> srq;
+  std::optional<rpmapp::SharedEventChannel> events;
   rpma_peer* rpeer = nullptr;
   std::unique_ptr<Server> server;
   if (variant == "rpmapp" || variant == "rpmapp-shared") {
     peer.emplace(must(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local), "Peer::from_address"));
-    rpmapp::ConnConfig config;
     if (variant == "rpmapp-shared") {
       shared_cq.emplace(must(rpmapp::SharedCq::create(*peer), "SharedCq::create"));
       srq.emplace(must(rpmapp::Srq::create(*peer), "Srq::create"));
-      config.shared_cq = &*shared_cq;
-      config.srq = &*srq;
+      events.emplace(must(rpmapp::SharedEventChannel::create(), "SharedEventChannel::create"));
+      // serve holds the queues and the channel: the handles may go with the server
+      server = std::make_unique<CallbackServer>(
+          *peer, ip, port.c_str(),
+          rpmapp::ConnConfig{.srq = &*srq, .shared_cq = &*shared_cq, .shared_event_channel = &*events});
+    } else {
+      server = std::make_unique<RpmappServer>(*peer, ip, port.c_str());
     }
-    server = std::make_unique<RpmappServer>(*peer, ip, port.c_str(), config);
   } else if (variant == "librpma") {
     rpma_log_set_threshold(RPMA_LOG_THRESHOLD, RPMA_LOG_LEVEL_WARNING);
     ibv_context* ctx = nullptr;
@@ -289,6 +294,7 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
   server.reset();
   srq.reset();
   shared_cq.reset();
+  events.reset();
   if (rpeer != nullptr) check(rpma_peer_delete(&rpeer), "rpma_peer_delete");
 
   const std::string param = "N=" + std::to_string(n);

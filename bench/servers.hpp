@@ -331,14 +331,15 @@ class PooledRawServer : public RawListeningServer {
 };
 
 /// rpmapp's EventLoop on the server thread, with handlers: EventLoop::serve accepts each
-/// request, EventLoop::watch on each Conn releases it when it is closed. The loop runs
-/// until stop() (EventLoop::stop is the one call made from another thread).
+/// request (with `config`), EventLoop::watch on each Conn releases it when it is closed.
+/// The loop runs until stop() (EventLoop::stop is the one call made from another thread).
 class CallbackServer : public Server {
  public:
-  CallbackServer(const rpmapp::Peer& peer, const char* ip, const char* port)
+  CallbackServer(const rpmapp::Peer& peer, const char* ip, const char* port, const rpmapp::ConnConfig& config = {})
       : loop_(must(rpmapp::EventLoop::create(), "EventLoop::create")),
         ep_(must(rpmapp::Endpoint::listen(peer, ip, port), "Endpoint::listen")) {
-    serving_ = must(loop_.serve(ep_, [this](rpmapp::expected<rpmapp::ConnReq> req) { on_request(std::move(req)); }),
+    serving_ = must(loop_.serve(ep_, [this](rpmapp::expected<rpmapp::ConnReq> req) { on_request(std::move(req)); },
+                                config),
                     "EventLoop::serve");
   }
   ~CallbackServer() override {

@@ -1,7 +1,9 @@
 // 10-srq, server: one shared receive queue (Srq) with its own receive CQ serves every
 // connection. Receives are posted to the queue once, before any client connects; each
 // completion comes tagged with the connection the message came by (its ConnId, read with
-// Cq::next_for and a span of tags) and says which receive it filled (wr_id).
+// Cq::next_for and a span of tags) and says which receive it filled (wr_id). The
+// connections also share one rdma_cm event channel (SharedEventChannel): no fd of their
+// own; each still waits for its own events.
 #include "../common/common.hpp"
 
 #include <rpmapp/rpmapp.hpp>
@@ -48,9 +50,13 @@ int main(int argc, char** argv) {
   auto endpoint = example::listen_and_print(*peer, addr, port);
   if (!endpoint) return example::fail(endpoint.error());
 
-  // Every connection receives through the queue (Conn::recv would be inval on them).
+  // Every connection receives through the queue (Conn::recv would be inval on them), and
+  // gets its events through the shared channel.
+  auto events = rpmapp::SharedEventChannel::create();
+  if (!events) return example::fail(events.error());
   rpmapp::ConnConfig config;
   config.srq = &*srq;
+  config.shared_event_channel = &*events;
   std::vector<Client> accepted;
   for (int i = 1; i <= clients; ++i) {
     auto req = endpoint->next_conn_req_for(example::wait_bound, config);
@@ -69,6 +75,10 @@ int main(int argc, char** argv) {
     fmt::print("connection {} from {}\n", i, client.source);
     accepted.push_back(std::move(client));
   }
+
+  auto on_channel = events->connections();
+  if (!on_channel) return example::fail(on_channel.error());
+  fmt::print("{} connections on one event channel\n", *on_channel);
 
   // The messages, in whatever order they came; all in the queue's receive CQ.
   auto rcq = srq->rcq();
@@ -109,7 +119,8 @@ int main(int argc, char** argv) {
       return example::fail(ok.error());
     if (auto ok = std::move(client.conn).close(); !ok) return example::fail(ok.error());
   }
-  fmt::print("served {} clients, {} messages through one shared receive queue\n", clients, clients);
+  fmt::print("served {} clients, {} messages through one shared receive queue and one event channel\n", clients,
+             clients);
   // The unused receives are flushed with the queue.
   if (auto ok = std::move(*srq).close(); !ok) return example::fail(ok.error());
   if (auto ok = std::move(*mr).dereg(); !ok) return example::fail(ok.error());

@@ -28,6 +28,15 @@
 // "fault_client: memlock done"; after another line raises the soft limit to the hard one,
 // registers REGION_BYTES again and exits 0 (1 on a setup error). The parent reads the
 // process's ledger at "ready" and at "done".
+//   fault_client --echo IP PORT CONNECTIONS
+// the scale scenario's client: makes CONNECTIONS connections to IP:PORT one after the
+// other, all on one SharedEventChannel and one SharedCq (so the client holds thousands
+// without an fd or a CQ each), and on each, once established, one round trip: a message
+// that names the process and the connection, whose echo must come back on the same
+// connection, byte for byte. Keeps them all; prints "fault_client: echo ready
+// round_trips N seconds S", and after a line on stdin disconnects and releases them all,
+// then prints "fault_client: echo done". Exits 1 on the first failure (printed), each wait
+// bounded by 30 s.
 #include <rpmapp/rpmapp.hpp>
 
 #include <arpa/inet.h>
@@ -211,6 +220,86 @@ int memlock_as_user(const char* ip, long uid, long limit, long region) {
 
 }  // namespace
 
+// The scale scenario's client (see the top).
+int echo_client(const std::string& ip, const std::string& port, long connections) {
+  constexpr std::size_t slot = 64;  // per connection: its message, then its echo
+  constexpr auto bound = std::chrono::milliseconds(30000);
+  auto report = [](const char* what, const rpmapp::Error& e) {
+    std::fprintf(stderr, "fault_client: echo: %s: %s\n", what, e.message().c_str());
+    return 1;
+  };
+  auto peer = rpmapp::Peer::from_address(ip, rpmapp::AddressKind::remote);
+  if (!peer) return report("Peer::from_address", peer.error());
+  auto events = rpmapp::SharedEventChannel::create();
+  if (!events) return report("SharedEventChannel::create", events.error());
+  auto shared = rpmapp::SharedCq::create(*peer, {.size = 256});
+  if (!shared) return report("SharedCq::create", shared.error());
+  auto cq = shared->cq();
+  if (!cq) return report("SharedCq::cq", cq.error());
+  std::vector<char> memory(static_cast<std::size_t>(connections) * 2 * slot);
+  auto mr = rpmapp::MrLocal::reg(*peer, memory.data(), memory.size(), rpmapp::MrUsage::send | rpmapp::MrUsage::recv);
+  if (!mr) return report("MrLocal::reg", mr.error());
+  rpmapp::ConnConfig config;
+  config.sq_size = config.rq_size = 1;
+  config.shared_cq = &*shared;
+  config.shared_event_channel = &*events;
+  std::vector<rpmapp::Conn> conns;
+  conns.reserve(static_cast<std::size_t>(connections));
+  const auto t0 = Clock::now();
+  for (long i = 0; i < connections; ++i) {
+    auto req = rpmapp::ConnReq::to(*peer, ip, port, config);
+    if (!req) return report("ConnReq::to", req.error());
+    const std::size_t at = static_cast<std::size_t>(i) * 2 * slot;
+    if (auto ok = req->recv(*mr, at + slot, slot, 1); !ok) return report("ConnReq::recv", ok.error());
+    auto conn = std::move(*req).connect();
+    if (!conn) return report("ConnReq::connect", conn.error());
+    auto event = conn->next_event_for(bound);
+    if (!event) return report("Conn::next_event_for", event.error());
+    if (*event != rpmapp::ConnEvent::established) {
+      std::fprintf(stderr, "fault_client: echo: connection %ld %s\n", i, std::string(rpmapp::to_string(*event)).c_str());
+      return 1;
+    }
+    const int n = std::snprintf(memory.data() + at, slot, "echo %d.%ld", static_cast<int>(::getpid()), i);
+    if (auto ok = conn->send(*mr, at, static_cast<std::size_t>(n), rpmapp::Completion::always, 0); !ok)
+      return report("Conn::send", ok.error());
+    const rpmapp::ConnId mine = *conn->id();
+    bool sent = false, answered = false;
+    while (!sent || !answered) {
+      ibv_wc wc[2];
+      rpmapp::ConnId from[2];
+      auto got = cq->next_for(wc, from, bound);
+      if (!got) return report("Cq::next_for", got.error());
+      for (std::size_t k = 0; k < got->size(); ++k) {
+        if (auto ok = rpmapp::check(wc[k]); !ok) return report("a completion", ok.error());
+        if (from[k] != mine) {
+          std::fprintf(stderr, "fault_client: echo: a completion of connection %ld tagged with another\n", i);
+          return 1;
+        }
+        if (wc[k].opcode == IBV_WC_SEND) sent = true;
+        if (wc[k].opcode == IBV_WC_RECV) {
+          if (wc[k].byte_len != static_cast<std::uint32_t>(n) || std::memcmp(memory.data() + at, memory.data() + at + slot, n) != 0) {
+            std::fprintf(stderr, "fault_client: echo: connection %ld: the echo differs from \"%.*s\"\n", i, n,
+                         memory.data() + at);
+            return 1;
+          }
+          answered = true;
+        }
+      }
+    }
+    conns.push_back(std::move(*conn));
+  }
+  std::printf("fault_client: echo ready round_trips %ld seconds %.3f\n", connections, seconds_since(t0));
+  std::fflush(stdout);
+  char line[8];
+  if (::read(STDIN_FILENO, line, sizeof line) <= 0) return 1;
+  for (auto& conn : conns)
+    if (auto ok = conn.disconnect(); !ok) return report("Conn::disconnect", ok.error());
+  for (auto& conn : conns)
+    if (auto ok = std::move(conn).close(); !ok) return report("Conn::close", ok.error());
+  std::printf("fault_client: echo done\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 5 && std::strcmp(argv[1], "--no-establish") == 0 &&
       (std::strcmp(argv[4], "kill") == 0 || std::strcmp(argv[4], "exit") == 0))
@@ -218,9 +307,11 @@ int main(int argc, char** argv) {
   if (argc == 6 && std::strcmp(argv[1], "--memlock") == 0)
     return memlock_as_user(argv[2], number(argv[3], "UID"), number(argv[4], "LIMIT_BYTES"),
                            number(argv[5], "REGION_BYTES"));
+  if (argc == 5 && std::strcmp(argv[1], "--echo") == 0) return echo_client(argv[2], argv[3], number(argv[4], "CONNECTIONS"));
   if (argc != 6) {
     std::fprintf(stderr,
                  "usage: fault_client IP PORT ATTEMPTS IN_FLIGHT TIMEOUT_MS\n"
+                 "       fault_client --echo IP PORT CONNECTIONS\n"
                  "       fault_client --no-establish IP PORT kill|exit\n"
                  "       fault_client --memlock IP UID LIMIT_BYTES REGION_BYTES\n");
     return 1;
