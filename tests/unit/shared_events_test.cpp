@@ -275,4 +275,59 @@ TEST_CASE("shared event channel: coroutines await events, resolution and connect
   fake.expect_clean();
 }
 
+TEST_CASE("shared event channel: the loop's waiters when the loop, the connection or the read goes",
+          "[shared-events][event-loop]") {
+  fake::FakeProvider fake;
+  {
+    OnSharedChannel s(fake);
+    Conn a = s.accept(fake);
+    Conn b = s.accept(fake);
+    std::vector<std::string> seen;
+    auto record = [&seen](std::string who) {
+      return [&seen, who](expected<ConnEvent> e) {
+        seen.push_back(who + " " + (e ? std::string(to_string(*e)) : e.error().message()));
+      };
+    };
+    Registration on_a, on_b;
+    {
+      // The loop goes while it watches both: its registrations become inactive, the
+      // channel leaves its epoll set, and the connections are another loop's to drive.
+      EventLoop loop = make_loop();
+      on_a = registered(loop.watch(a, record("a")));
+      on_b = registered(loop.watch(b, record("b")));
+    }
+    CHECK_FALSE(on_a.active());
+    CHECK_FALSE(on_b.active());
+    EventLoop loop = make_loop();
+    on_a = registered(loop.watch(a, record("a")));
+
+    // A coroutine waiting on a connection that is closed meanwhile resumes with inval.
+    Outcome<expected<ConnEvent>> on_closed;
+    REQUIRE(spawn(loop, await_once([&] { return loop.next_event(b, generous); }, on_closed)));
+    settle(loop);
+    REQUIRE(on_closed.suspended());
+    REQUIRE(std::move(b).close());
+    REQUIRE(run_until(loop, [&] { return on_closed.resumed == 1; }));
+    check_inval(on_closed.result->error(), "EventLoop::next_event", "destroyed or closed");
+
+    // The loop's read fails: logged; each waiter reads the channel itself, nothing is lost.
+    fake.inject_event_on_qp(*a.qp_num(), RDMA_CM_EVENT_ESTABLISHED);
+    fake.fail("rdma_get_cm_event", kErr);
+    REQUIRE(run_until(loop, [&] { return seen.size() == 1; }));
+    CHECK(fake.pending_faults() == 0);
+    CHECK(seen == std::vector<std::string>{"a established"});
+
+    // resolve(): an outgoing request's resolution through the shared channel.
+    std::optional<expected<ConnReq>> resolved;
+    auto pending = ConnReq::start(s.peer, "169.254.77.9", "7471", s.cfg);
+    REQUIRE(pending);
+    Registration resolving = registered(loop.resolve(std::move(*pending),
+                                                     [&](expected<ConnReq> r) { resolved.emplace(std::move(r)); }));
+    REQUIRE(run_until(loop, [&] { return resolved.has_value(); }));
+    REQUIRE(*resolved);
+    CHECK(*s.channel.connections() == 2);
+  }
+  fake.expect_clean();
+}
+
 }  // namespace shared_events_test

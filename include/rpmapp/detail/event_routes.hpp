@@ -69,7 +69,9 @@ struct EventRoutes {
   expected<CmEvent> next(EventInbox& inbox, const Deadline& deadline) noexcept;
 
   /// Reads up to `max` events without waiting and routes them (an event loop's pump);
-  /// nothing when another thread is reading. A failed read is logged under `where`.
+  /// nothing when another thread is reading. A failed read is logged under `where`, and
+  /// every inbox's waiter is told to look again: each then reads the channel itself, and
+  /// a failure it meets goes to its handler or coroutine, as on a channel of its own.
   /// Returns how many it routed.
   std::size_t pump_events(int max, const char* where) noexcept;
 

@@ -108,7 +108,11 @@ RPMAPP_DECL std::size_t EventRoutes::pump_events(int max, const char* where) noe
     int empty_read = 0;
     CmReadFailure failed;
     rdma_cm_event* event = poll_cm_event(channel.get(), now, p, empty_read, failed);
-    if (failed.call != nullptr) log(LogLevel::warning, where, provider_error(failed.call, failed.sys_errno));
+    if (failed.call != nullptr) [[unlikely]] {
+      log(LogLevel::warning, where, provider_error(failed.call, failed.sys_errno));
+      for (auto& [id, inbox] : routes)  // rare: the cost of a walk is fine here
+        if (inbox->waiter != nullptr) inbox->waiter->events_routed();
+    }
     if (event == nullptr) break;
     route(event);
     ++routed;
