@@ -201,7 +201,7 @@ def verdict(ratio, higher_better, words=("slower", "faster")):
 
 # rpmapp in another mode, shown as rows of its own against the same anchors:
 # variant -> what the row's parameter adds
-MODE_ROWS = {"rpmapp-shared": "SharedCq + Srq"}
+MODE_ROWS = {"rpmapp-shared": "EventLoop, SharedEventChannel + SharedCq + Srq"}
 
 
 def with_mode_rows(groups):

@@ -25,8 +25,12 @@ RPMAPP_BEGIN_NAMESPACE
 /// are gone.
 /// Thread safety: connections on the channel may be made, waited on and released on any
 /// threads at once (one thread reads the channel at a time and routes what it reads for
-/// the others); one event loop at a time drives it (EventLoop::watch on a connection of a
-/// channel that another loop drives is inval).
+/// the others). One event loop at a time drives it (EventLoop::watch on a connection of a
+/// channel that another loop drives is inval); while one does, every connection on the
+/// channel is that loop's: a wait on one of them elsewhere (Conn::next_event,
+/// next_event_for, PendingConnReq::wait) is inval, and a look from another thread
+/// (try_next_event, try_wait) is a data race, as it would read and route the loop's
+/// connections' events from that thread.
 class SharedEventChannel {
  public:
   /// Creates the channel (rdma_create_event_channel), non-blocking.

@@ -1227,8 +1227,8 @@ TEST_CASE("a bonding failover under the address (ADDR_CHANGE): both ends of an e
   run_command("ip link del " + bond + " && ip link del rpbondA && ip link del rpbondB", 10s);
 }
 
-TEST_CASE("a device removed (rdma link delete) under a listener, a connection, a serving loop, an "
-          "awaiting coroutine and registered memory: each hears of it once, every later call is "
+TEST_CASE("a device removed (rdma link delete) under a listener, a connection (also one on shared event "
+          "channels), a serving loop, an awaiting coroutine and registered memory: each hears of it once, every later call is "
           "ENODEV naming the device, the other device serves, the removal completes once they are "
           "released, and the re-added device serves a new Peer; nothing leaks",
           "[device-removal]") {
@@ -1264,6 +1264,18 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection, a
     Endpoint awaited = MUST(Endpoint::listen(peer, ip, "0"));
     std::optional<rpmapp::expected<ConnReq>> awaited_request;
     MUST(rpmapp::spawn(loop, await_request(loop, awaited, awaited_request)));
+    // A connection on shared event channels at both ends: the removal is routed to each;
+    // the server's end is watched by the loop.
+    rpmapp::SharedEventChannel server_events = MUST(rpmapp::SharedEventChannel::create());
+    rpmapp::SharedEventChannel client_events = MUST(rpmapp::SharedEventChannel::create());
+    Conn shared_client = start_client(peer, ip, port, {}, {.shared_event_channel = &client_events});
+    Conn shared_server = MUST(take_request(ep, {.shared_event_channel = &server_events}).connect());
+    establish(shared_client, shared_server);
+    std::vector<ConnEvent> shared_server_events;
+    auto watching_shared = MUST(loop.watch(shared_server, [&](rpmapp::expected<ConnEvent> event) {
+      if (event) shared_server_events.push_back(*event);
+      else check_removed(event.error(), dev, "EventLoop::watch on a shared event channel");
+    }));
     MUST(loop.run_once(0ms));
 
     const auto t0 = Clock::now();
@@ -1271,6 +1283,12 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection, a
     // The loop's listener and the coroutine's hear of it.
     while ((serve_errors.empty() || !awaited_request) && Clock::now() < t0 + event_wait)
       MUST(loop.run_for(50ms));
+    while (std::find(shared_server_events.begin(), shared_server_events.end(), ConnEvent::lost) ==
+               shared_server_events.end() &&
+           Clock::now() < t0 + event_wait)
+      MUST(loop.run_for(50ms));
+    CHECK(std::find(shared_server_events.begin(), shared_server_events.end(), ConnEvent::lost) !=
+          shared_server_events.end());
     REQUIRE(serve_errors.size() == 1);
     check_removed(serve_errors[0], dev, "EventLoop::serve's handler");
     REQUIRE(awaited_request);
@@ -1279,7 +1297,7 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection, a
     MUST(loop.run_for(100ms));
     CHECK(serve_errors.size() == 1);  // once
     // Both ends of the connection: lost (the passive side may see closed first).
-    for (Conn* conn : {&client, &server}) {
+    for (Conn* conn : {&client, &server, &shared_client}) {
       ConnEvent event = wait_event(*conn, "a connection on the removed device");
       if (event == ConnEvent::closed) event = wait_event(*conn, "a connection on the removed device");
       CHECK(event == ConnEvent::lost);
@@ -1297,6 +1315,9 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection, a
     check_serves(other, ip2, wildcard);  // and served by the wildcard listener
 
     registration = {};
+    watching_shared = {};
+    MUST(std::move(shared_client).close());
+    MUST(std::move(shared_server).close());
     MUST(std::move(client).close());
     MUST(std::move(server).close());
     MUST(std::move(ep).shutdown());

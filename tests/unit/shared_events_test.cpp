@@ -201,6 +201,10 @@ TEST_CASE("shared event channel: an event loop reads it once for every connectio
     auto ctl = fake.calls_since(mark);
     CHECK(std::count(ctl.begin(), ctl.end(), "epoll_ctl") == 1);  // the shared channel, once
 
+    // A blocking wait outside the loop while it drives the channel: refused (a look from
+    // the loop's thread is fine).
+    check_inval(conns[1].next_event_for(1ms).error(), "Conn::next_event_for", "driven by an event loop");
+    CHECK(event_now(conns[1]).error().code() == errc::no_event);
     // Watching from a second loop while this one drives the channel: refused.
     EventLoop other = make_loop();
     check_inval(other.watch(conns[0], [](expected<ConnEvent>) {}).error(), "EventLoop::watch", "another event loop");

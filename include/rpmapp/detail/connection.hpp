@@ -155,9 +155,10 @@ inline rdma_event_channel* event_channel_of(const ConnectionCore& core) noexcept
 expected<int> event_fd(const char* call, const ConnectionCore& core) noexcept;
 
 /// The next event of `core`'s id, waiting until `deadline`: from its own channel, or its
-/// inbox on a shared one (EventRoutes::next). Errors: as next_cm_event.
-inline expected<CmEvent> next_event_of(ConnectionCore& core, const Deadline& deadline) noexcept {
-  if (core.events) return core.events->next(core.inbox, deadline);
+/// inbox on a shared one (EventRoutes::next, whose inval names `call`). Errors: as
+/// next_cm_event, and EventRoutes::next's.
+inline expected<CmEvent> next_event_of(const char* call, ConnectionCore& core, const Deadline& deadline) noexcept {
+  if (core.events) return core.events->next(call, core.inbox, deadline);
   return next_cm_event(core.channel.get(), deadline);
 }
 

@@ -15,6 +15,7 @@
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/detail/source_link.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -45,8 +46,9 @@ struct EventRoutes {
   bool reading = false;  // a thread polls and reads the channel (the others wait)
   std::unordered_map<const rdma_cm_id*, EventInbox*> routes;
   /// The event loop that drives the channel (one at most), and its pump (a Waiter of that
-  /// loop reading the channel for the connections its waiters wait on). Loop thread only.
-  void* driven_by = nullptr;
+  /// loop reading the channel for the connections its waiters wait on). Written on the
+  /// loop's thread; `driven_by` is read by blocking waits on other threads (refused).
+  std::atomic<void*> driven_by{nullptr};
   void* pump = nullptr;
   Teardown teardown{"SharedEventChannel (last reference)", LogLevel::warning};
 
@@ -65,8 +67,11 @@ struct EventRoutes {
   /// The next event of `inbox`'s connection, waiting until `deadline`: taken from the
   /// inbox, or read from the channel (one thread reads at a time; the events it reads for
   /// other connections go to their inboxes, and their waiting threads are woken).
-  /// Errors: no_event (nothing by the deadline), provider (poll, rdma_get_cm_event).
-  expected<CmEvent> next(EventInbox& inbox, const Deadline& deadline) noexcept;
+  /// Errors: no_event (nothing by the deadline), provider (poll, rdma_get_cm_event), inval
+  /// (a wait, not a look, while an event loop drives the channel: reading it would wake the
+  /// loop's waiters from this thread).
+  /// `call` names the caller in the inval.
+  expected<CmEvent> next(const char* call, EventInbox& inbox, const Deadline& deadline) noexcept;
 
   /// Reads up to `max` events without waiting and routes them (an event loop's pump);
   /// nothing when another thread is reading. A failed read is logged under `where`, and

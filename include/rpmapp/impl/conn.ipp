@@ -16,7 +16,7 @@ RPMAPP_DECL expected<std::optional<ConnEvent>>
 take_conn_event(const char* call, ConnectionCore& core,
                                                                const Deadline& deadline) noexcept {
   return no_throw(call, [&]() -> expected<std::optional<ConnEvent>> {
-    auto event = next_event_of(core, deadline);
+    auto event = next_event_of(call, core, deadline);
     if (!event) return fail(event.error());
     event->get_deleter().by = {call, LogLevel::notice};  // acknowledged there on failure only
     const rdma_cm_event_type type = (*event)->event;

@@ -142,7 +142,7 @@ RPMAPP_DECL expected<ConnReq> PendingConnReq::advance_events(const char* call,
   if (!core_) return detail::fail(detail::moved_from(call));
   const detail::Deadline deadline(wait);  // one bound for all the events handled
   for (;;) {
-    auto event = detail::next_event_of(*core_, deadline);
+    auto event = detail::next_event_of(call, *core_, deadline);
     if (!event) {
       if (event.error() != errc::no_event) drop(call);
       return detail::fail(event.error());

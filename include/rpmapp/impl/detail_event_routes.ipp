@@ -60,8 +60,11 @@ RPMAPP_DECL void EventRoutes::route(rdma_cm_event* event) noexcept {
   if (inbox->waiter != nullptr) inbox->waiter->events_routed();
 }
 
-RPMAPP_DECL expected<CmEvent> EventRoutes::next(EventInbox& inbox, const Deadline& deadline) noexcept {
+RPMAPP_DECL expected<CmEvent> EventRoutes::next(const char* call, EventInbox& inbox, const Deadline& deadline) noexcept {
   const Provider& p = *seam;
+  if (!deadline.immediate() && driven_by.load(std::memory_order_acquire) != nullptr)
+    return fail(invalid(call, "the shared event channel is driven by an event loop: wait for "
+                                             "its connections' events in that loop"));
   std::unique_lock lock(mutex);
   int empty_read = 0;
   for (;;) {

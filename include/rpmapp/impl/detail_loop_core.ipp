@@ -33,7 +33,7 @@ RPMAPP_DECL void Waiter::events_routed() noexcept {
 
 RPMAPP_DECL expected<void> LoopCore::add_routed(const char* call, Waiter& w, const std::shared_ptr<EventRoutes>& routes,
                                                 EventInbox& inbox) noexcept {
-  if (routes->driven_by != nullptr && routes->driven_by != this)
+  if (void* by = routes->driven_by.load(); by != nullptr && by != this)
     return fail(invalid(call, "the connection's shared event channel is driven by another event loop"));
   auto* pump = static_cast<EventPump*>(routes->pump);
   if (pump == nullptr) {
@@ -51,7 +51,8 @@ RPMAPP_DECL expected<void> LoopCore::add_routed(const char* call, Waiter& w, con
     if (inbox.waiter != nullptr) {
       if (pump->users == 0) {
         unwatch(*pump);
-        routes->pump = routes->driven_by = nullptr;
+        routes->pump = nullptr;
+        routes->driven_by = nullptr;
         delete pump;
       }
       return fail(provider_error("epoll_ctl", EEXIST, "the connection's events are already watched by this loop"));
@@ -176,7 +177,8 @@ RPMAPP_DECL void LoopCore::unwatch(Waiter& w) noexcept {
     w.routed_prev = w.routed_next = nullptr;
     if (--pump->users == 0) {
       unwatch(*pump);
-      pump->routes->pump = pump->routes->driven_by = nullptr;
+      pump->routes->pump = nullptr;
+      pump->routes->driven_by = nullptr;
       delete pump;
     }
   }
