@@ -36,7 +36,8 @@ struct EventInbox {
   SourceWatcher* waiter = nullptr;
 };
 
-/// A shared event channel and its routes. Member order is teardown order, reversed.
+/// A shared event channel and its routes. The channel is destroyed with the last
+/// reference (no connection is routed by then: each holds one).
 struct EventRoutes {
   const Provider* seam = current_provider;  // the provider that made the channel
   EventChannel channel;
@@ -50,12 +51,10 @@ struct EventRoutes {
   /// loop's thread; `driven_by` is read by blocking waits on other threads (refused).
   std::atomic<void*> driven_by{nullptr};
   void* pump = nullptr;
-  Teardown teardown{"SharedEventChannel (last reference)", LogLevel::warning};
 
   EventRoutes() = default;
   EventRoutes(const EventRoutes&) = delete;
   EventRoutes& operator=(const EventRoutes&) = delete;
-  ~EventRoutes();
 
   /// Routes `id`'s events to `inbox` from now on. Errors: nomem.
   expected<void> add(const rdma_cm_id* id, EventInbox& inbox) noexcept;
@@ -82,9 +81,6 @@ struct EventRoutes {
 
   /// How many connections' events are routed.
   std::size_t size() const noexcept;
-
-  /// Destroys the channel (no connection may be routed any more). Idempotent.
-  void release() noexcept;
 
  private:
   /// Routes `event` (read from the channel) to its inbox, or acknowledges and drops it.

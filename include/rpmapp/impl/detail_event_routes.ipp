@@ -10,12 +10,6 @@
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
-RPMAPP_DECL EventRoutes::~EventRoutes() { release(); }
-
-RPMAPP_DECL void EventRoutes::release() noexcept {
-  if (channel) seam->destroy_event_channel(channel.release());
-}
-
 RPMAPP_DECL expected<void> EventRoutes::add(const rdma_cm_id* id, EventInbox& inbox) noexcept {
   std::lock_guard lock(mutex);
   try {
