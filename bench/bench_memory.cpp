@@ -6,7 +6,9 @@
 //     in an epoll loop; rpmapp's EventLoop with handlers and every connection on one
 //     SharedCq, one Srq and one SharedEventChannel ("rpmapp-shared": no CQ, completion
 //     channel or event channel per connection); librpma's
-//     rpma_ep_listen + rpma_conn_req_connect, hand-written librdmacm), resets its peak RSS (/proc/self/clear_refs) and reads its RSS: the
+//     rpma_ep_listen + rpma_conn_req_connect; hand-written librdmacm with a CQ per
+//     connection, and with one CQ and one SRQ for all ("hand-shared", rpmapp-shared's
+//     counterpart)), resets its peak RSS (/proc/self/clear_refs) and reads its RSS: the
 //     listener alone;
 //   - it spawns the client, which makes N raw librdmacm connections (C in flight) and
 //     keeps them; once the server has seen all N established it reads RSS and peak again;
@@ -40,7 +42,7 @@ extern char** environ;
 namespace bench {
 namespace {
 
-constexpr std::array<const char*, 4> memory_variants = {"rpmapp", "rpmapp-shared", "librpma", "hand"};
+constexpr std::array<const char*, 5> memory_variants = {"rpmapp", "rpmapp-shared", "librpma", "hand", "hand-shared"};
 /// Each variant on its own port, so that a late teardown of one cannot meet the next.
 constexpr int port_base = 7491;
 constexpr int inflight = 16;
@@ -263,7 +265,7 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
     check(rpma_peer_new(ctx, &rpeer), "rpma_peer_new");
     server = std::make_unique<LibrpmaServer>(rpeer, ip, port.c_str());
   } else {
-    server = std::make_unique<RawServer>(ip, port.c_str());
+    server = std::make_unique<RawServer>(ip, port.c_str(), variant == "hand-shared");
   }
   server->start();
 

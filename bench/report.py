@@ -200,8 +200,10 @@ def verdict(ratio, higher_better, words=("slower", "faster")):
 
 
 # rpmapp in another mode, shown as rows of its own against the same anchors:
-# variant -> what the row's parameter adds
-MODE_ROWS = {"rpmapp-shared": "EventLoop, SharedEventChannel + SharedCq + Srq"}
+# variant -> (what the row's parameter adds, the hand-written code in that mode: the row's
+# "hand" when measured, else the default mode's)
+MODE_ROWS = {"rpmapp-shared": ("EventLoop, SharedEventChannel + SharedCq + Srq", "hand-shared")}
+MODE_ANCHORS = {anchor for _, anchor in MODE_ROWS.values()}
 
 
 def with_mode_rows(groups):
@@ -210,11 +212,14 @@ def with_mode_rows(groups):
     out = OrderedDict()
     for key, g in groups.items():
         out[key] = g
-        for variant, label in MODE_ROWS.items():
+        for variant, (label, anchor) in MODE_ROWS.items():
             if variant in g:
                 bench, param, metric = key
-                out[(bench, f"{param}, {label}", metric)] = OrderedDict(
-                    [("rpmapp", g[variant])] + [(v, vals) for v, vals in g.items() if v not in MODE_ROWS and v != "rpmapp"])
+                mode = OrderedDict([("rpmapp", g[variant])])
+                for v, vals in g.items():
+                    if v not in MODE_ROWS and v not in MODE_ANCHORS and v != "rpmapp":
+                        mode[v] = g[anchor] if v == "hand" and anchor in g else vals
+                out[(bench, f"{param}, {label}", metric)] = mode
     return out
 
 

@@ -209,10 +209,24 @@ class RawListeningServer : public ServerBase {
   ibv_pd* pd_ = nullptr;
 };
 
-/// Raw librdmacm: a CQ without completion channel and a QP per connection.
+/// Raw librdmacm: a CQ without completion channel and a QP per connection; or, `shared`
+/// (bench_memory's "hand-shared", the hand-written counterpart of rpmapp's shared mode),
+/// one CQ and one SRQ for every connection's QP, of SharedCqConfig's and SrqConfig's
+/// default sizes.
 class RawServer : public RawListeningServer {
  public:
-  RawServer(const char* ip, const char* port) : RawListeningServer(ip, port) {}
+  RawServer(const char* ip, const char* port, bool shared = false) : RawListeningServer(ip, port) {
+    if (!shared) return;
+    shared_cq_ = check_ptr(ibv_create_cq(listen_id_->verbs, 4096, nullptr, nullptr, 0), "ibv_create_cq");
+    ibv_srq_init_attr srq_attr{};
+    srq_attr.attr.max_wr = 100;
+    srq_attr.attr.max_sge = 1;
+    srq_ = check_ptr(ibv_create_srq(pd_, &srq_attr), "ibv_create_srq");
+  }
+  ~RawServer() override {
+    if (srq_ != nullptr) check(ibv_destroy_srq(srq_), "ibv_destroy_srq");
+    if (shared_cq_ != nullptr) check(ibv_destroy_cq(shared_cq_), "ibv_destroy_cq");
+  }
 
  private:
   void on_ready(std::uint64_t) override {
@@ -225,10 +239,17 @@ class RawServer : public RawListeningServer {
       rdma_cm_id* id = e->id;
       switch (e->event) {
         case RDMA_CM_EVENT_CONNECT_REQUEST: {
-          ibv_cq* cq = check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
+          ibv_cq* cq = shared_cq_ != nullptr
+                           ? shared_cq_
+                           : check_ptr(ibv_create_cq(id->verbs, 10, nullptr, nullptr, 0), "ibv_create_cq");
           ibv_qp_init_attr attr = raw_qp_attr(cq);
+          if (srq_ != nullptr) {
+            attr.srq = srq_;
+            attr.cap.max_recv_wr = 0;
+            attr.cap.max_recv_sge = 0;
+          }
           check(rdma_create_qp(id, pd_, &attr), "rdma_create_qp");
-          id->context = cq;
+          id->context = shared_cq_ != nullptr ? nullptr : cq;
           rdma_conn_param param = raw_conn_param();
           check(rdma_accept(id, &param), "rdma_accept");
           rdma_ack_cm_event(e);
@@ -240,9 +261,9 @@ class RawServer : public RawListeningServer {
           break;
         case RDMA_CM_EVENT_DISCONNECTED: {
           rdma_ack_cm_event(e);
-          auto* cq = static_cast<ibv_cq*>(id->context);
+          auto* own_cq = static_cast<ibv_cq*>(id->context);
           rdma_destroy_qp(id);
-          check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+          if (own_cq != nullptr) check(ibv_destroy_cq(own_cq), "ibv_destroy_cq");
           check(rdma_destroy_id(id), "rdma_destroy_id");
           closed_.fetch_add(1, std::memory_order_release);
           break;
@@ -252,6 +273,9 @@ class RawServer : public RawListeningServer {
       }
     }
   }
+
+  ibv_cq* shared_cq_ = nullptr;
+  ibv_srq* srq_ = nullptr;
 };
 
 /// Raw librdmacm as RawServer, but each connection takes a CQ and a QP from a pool and gives
