@@ -75,7 +75,8 @@ class ConnReq {
   /// inval leaves the request as it was. Establishment is reported by Conn::next_event.
   /// Errors:
   /// - inval: empty request; private data too long (nothing is sent).
-  /// - provider: rdma_accept or rdma_connect failed.
+  /// - provider: rdma_accept or rdma_connect failed; ENODEV: the request's device was
+  ///   removed (nothing is called; docs/peer.md, "Device removal").
   expected<Conn> connect(std::span<const std::byte> private_data = {}) && noexcept;
 
   /// Rejects an incoming request, sending `private_data` (at most max_reject_private_data,
@@ -174,7 +175,8 @@ class PendingConnReq {
   /// no_event and the object stays usable; otherwise it is consumed: on success the ConnReq
   /// owns everything, on failure everything is released.
   /// Errors: no_event (in progress); inval (empty; the address is reached through another
-  /// device than the Peer's); provider (as ConnReq::to); nomem.
+  /// device than the Peer's); provider (as ConnReq::to; ENODEV naming the removal when the
+  /// Peer's device was removed during resolution); nomem.
   expected<ConnReq> try_wait() && noexcept;
   /// As try_wait, waiting up to `timeout` for resolution to finish (one bound for all its
   /// steps; a zero or negative timeout is try_wait). A signal does not interrupt a wait;

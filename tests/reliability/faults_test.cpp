@@ -1276,6 +1276,11 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection (a
       if (event) shared_server_events.push_back(*event);
       else check_removed(event.error(), dev, "EventLoop::watch on a shared event channel");
     }));
+    // Requests in flight: an outgoing one started (its address resolved, not yet waited
+    // for), and a connection attempt the server has taken but not accepted.
+    rpmapp::PendingConnReq pending = MUST(ConnReq::start(peer, ip, port));
+    Conn unanswered = start_client(peer, ip, port);
+    ConnReq unaccepted = take_request(ep);
     MUST(loop.run_once(0ms));
 
     const auto t0 = Clock::now();
@@ -1303,6 +1308,14 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection (a
       CHECK(event == ConnEvent::lost);
       check_removed(MUST_FAIL(conn->next_event_for(10ms)), dev, "Conn::next_event_for after lost");
     }
+    // The attempt in flight: the client's end lost, the server's request refused.
+    ConnEvent unanswered_event = wait_event(unanswered, "a connection attempt on the removed device");
+    std::cout << "faults [device-removal]: the unanswered client's event: " << rpmapp::to_string(unanswered_event)
+              << std::endl;
+    CHECK((unanswered_event == ConnEvent::lost || unanswered_event == ConnEvent::rejected ||
+           unanswered_event == ConnEvent::unreachable));
+    check_removed(MUST_FAIL(std::move(unaccepted).connect()), dev, "ConnReq::connect of a request taken before");
+    check_removed(MUST_FAIL(std::move(pending).wait_for(event_wait)), dev, "PendingConnReq::wait_for");
     const double heard = seconds_since(t0);
     check_removed(MUST_FAIL(ep.next_conn_req_for(event_wait)), dev, "Endpoint::next_conn_req_for");
     check_removed(MUST_FAIL(ep.next_conn_req_for(10ms)), dev, "Endpoint::next_conn_req_for, again");
@@ -1316,6 +1329,7 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection (a
 
     registration = {};
     watching_shared = {};
+    MUST(std::move(unanswered).close());
     MUST(std::move(shared_client).close());
     MUST(std::move(shared_server).close());
     MUST(std::move(client).close());
@@ -1324,7 +1338,7 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection (a
     MUST(std::move(served).shutdown());
     MUST(std::move(awaited).shutdown());
     MUST(std::move(mr).dereg());
-    MUST(std::move(wildcard).shutdown());  // it holds its Peers
+    // The wildcard listener stays: its request above let go of the removed device's Peer.
     MUST(std::move(wildcard_peers[0]).close());
     const auto released = Clock::now();
     MUST(std::move(peer).close());
@@ -1339,6 +1353,8 @@ TEST_CASE("a device removed (rdma link delete) under a listener, a connection (a
               << "; removed " << released_to_removed << " s after the last Peer was closed; listener error: "
               << serve_errors[0].message() << std::endl;
     check_serves(other, ip2, other_ep);
+    check_serves(other, ip2, wildcard);
+    MUST(std::move(wildcard).shutdown());
     MUST(std::move(other_ep).shutdown());
   }
   // The device comes back: a new Peer and Endpoint on it serve.

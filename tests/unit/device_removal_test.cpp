@@ -200,6 +200,51 @@ TEST_CASE("librdmacm is not synced while another Peer's device is gone: its cont
   fake.expect_clean();
 }
 
+TEST_CASE("a removed device under a wildcard listener: its next request lets go of the device's Peer, "
+          "so the removal need not wait for the listener, which serves on",
+          "[device-removal]") {
+  fake::FakeProvider fake;
+  {
+    std::vector<Peer> peers;
+    peers.push_back(open_peer(fake, 0));
+    peers.push_back(open_peer(fake, 1));
+    auto wildcard = Endpoint::listen(peers, "", "7471");
+    REQUIRE(wildcard);
+    remove_under_connection(fake, peers[0], {0});
+    CHECK(take_request(fake, *wildcard, {1, "on fake1", "169.254.78.2", 40000}));
+    // The listener holds nothing of device 0 any more: its Peer's close releases the domain.
+    const auto closing = fake.mark();
+    REQUIRE_OK(std::move(peers[0]).close());
+    CHECK(fake.calls_since(closing) == after({"ibv_dereg_mr", "ibv_dealloc_pd"}, sync_calls));
+    CHECK(fake.device_context_closed(0));
+    CHECK(take_request(fake, *wildcard, {1, "again", "169.254.78.2", 40001}));
+    REQUIRE_OK(std::move(*wildcard).shutdown());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("a removed device under an outgoing request being resolved: rdma_cm's ADDR_ERROR is "
+          "reported as the removal",
+          "[device-removal]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    // What rxe gave in the VM: ADDR_ERROR, EPERM.
+    fake.addr_event = RDMA_CM_EVENT_ADDR_ERROR;
+    fake.addr_status = -EPERM;
+    auto pending = ConnReq::start(peer, "169.254.77.9", "7471");
+    REQUIRE(pending);
+    fake.addr_event = RDMA_CM_EVENT_ADDR_RESOLVED;
+    fake.addr_status = 0;
+    remove_under_connection(fake, peer, {0});
+    auto req = std::move(*pending).wait_for(1s);
+    REQUIRE_FALSE(req);
+    check_removed(req.error(), "rdma_resolve_addr");
+    CHECK(req.error().operation() == "PendingConnReq::wait_for");
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("a removed device: a sync that fails (the device list unread, or librdmacm's own "
           "rdma_get_devices) is made by the next last Peer; the close still succeeds",
           "[device-removal][fail]") {

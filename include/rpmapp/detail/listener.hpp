@@ -97,6 +97,12 @@ struct ListenerState {
   expected<void> stop(Teardown by) noexcept;
 };
 
+/// Lets go of `listener`'s Peers whose device was reported removed (their protection
+/// domains go with them, unless held elsewhere), so that the removal need not wait for the
+/// listener: a wildcard listener spans devices and the kernel tells it nothing of one
+/// going. Called at each take of a request.
+void drop_removed_peers(ListenerState& listener) noexcept;
+
 expected<std::shared_ptr<ListenerState>> start_listening(
     const char* call, std::span<const Peer> peers, std::string_view addr, std::string_view port,
     const ListenOptions& options);

@@ -28,6 +28,8 @@ RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_d
     return detail::fail(ok.error());
   auto core = std::move(core_);
   core->teardown = {call, LogLevel::notice};  // released here if the call fails
+  // rdma_cm would refuse with a bare EINVAL (the id is in its removal state)
+  if (auto present = detail::check_device(call, core->id->verbs); !present) return detail::fail(present.error());
   rdma_conn_param param = detail::conn_param(private_data, core->config);
   errno = 0;
   if (incoming_) {
@@ -182,6 +184,12 @@ RPMAPP_DECL expected<bool> PendingConnReq::handle(const char* call,
     return true;
   }
   int e = event.status < 0 ? -event.status : (event.status > 0 ? event.status : EPROTO);
+  // The Peer's device went during resolution: rdma_cm ends it with ADDR_ERROR (EPERM,
+  // measured on rxe) or DEVICE_REMOVAL. Say so, as every later call on the device does.
+  if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || detail::device_removed(core_->peer->context)) {
+    detail::log_event(LogLevel::info, call, type, "resolution ended: the Peer's device was removed");
+    return detail::fail(detail::removed_device_error(resolving_call(), core_->peer->context));
+  }
   return detail::fail(detail::make_error(errc::provider, e, resolving_call(), "event {}",
                                          detail::event_name(type)));
 }

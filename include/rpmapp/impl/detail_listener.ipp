@@ -226,6 +226,32 @@ RPMAPP_DECL long handle_count(const ListenerState& state) {
   return state.handles;
 }
 
+RPMAPP_DECL void drop_removed_peers(ListenerState& listener) noexcept {
+  std::vector<std::shared_ptr<PeerState>> gone;  // released outside the lock
+  {
+    std::lock_guard lock(listener.peers_mutex);
+    auto& peers = listener.peers;
+    for (auto it = peers.begin(); it != peers.end();) {
+      if (!device_removed((*it)->context)) {
+        ++it;
+        continue;
+      }
+      try {
+        gone.push_back(std::move(*it));
+      } catch (const std::bad_alloc&) {
+        return;  // the next take drops it
+      }
+      it = peers.erase(it);
+    }
+  }
+  for (const auto& peer : gone) {
+    char text[160];
+    const auto n = format_to_n(text, sizeof text, "the listener lets go of its Peer on device {}: the device was removed",
+                               device_name(peer->context));
+    log(LogLevel::notice, "Endpoint", std::string_view(text, std::min(n.size, sizeof text)));
+  }
+}
+
 RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call,
                                                                      ListenerState& listener,
                                                                      const ConnConfig& config,
@@ -233,6 +259,7 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
                                                                      Wait wait) {
   // the kernel destroyed the listening id with its device: no request comes any more
   if (listener.removed) return fail(removed_device_error("rdma_get_cm_event", listener.id->verbs));
+  drop_removed_peers(listener);
   auto core = std::make_unique<ConnectionCore>();
   core->teardown = {call, LogLevel::notice};  // until a ConnReq owns it
   core->config = config;
@@ -264,6 +291,7 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   store_private_data(core->private_data, **event);
   const std::string_view device = device_name(core->id->verbs);
   const PeerState* same_name = nullptr;
+  drop_removed_peers(listener);  // the wait may have been long
   {
     std::lock_guard lock(listener.peers_mutex);  // a listen_shared caller may be joining
     for (const auto& peer : listener.peers) {
