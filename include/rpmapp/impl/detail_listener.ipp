@@ -246,7 +246,7 @@ RPMAPP_DECL void drop_removed_peers(ListenerState& listener) noexcept {
   }
   for (const auto& peer : gone) {
     char text[160];
-    const auto n = format_to_n(text, sizeof text, "the listener lets go of its Peer on device {}: the device was removed",
+    const auto n = detail::format_to_n(text, sizeof text, "the listener lets go of its Peer on device {}: the device was removed",
                                device_name(peer->context));
     log(LogLevel::notice, "Endpoint", std::string_view(text, std::min(n.size, sizeof text)));
   }
