@@ -100,7 +100,7 @@ struct ListenerState {
 /// Lets go of `listener`'s Peers whose device was reported removed (their protection
 /// domains go with them, unless held elsewhere), so that the removal need not wait for the
 /// listener: a wildcard listener spans devices and the kernel tells it nothing of one
-/// going. Called at each take of a request.
+/// going. Called for each request taken, before its Peer is looked up.
 void drop_removed_peers(ListenerState& listener) noexcept;
 
 expected<std::shared_ptr<ListenerState>> start_listening(

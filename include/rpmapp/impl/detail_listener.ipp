@@ -259,7 +259,6 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
                                                                      Wait wait) {
   // the kernel destroyed the listening id with its device: no request comes any more
   if (listener.removed) return fail(removed_device_error("rdma_get_cm_event", listener.id->verbs));
-  drop_removed_peers(listener);
   auto core = std::make_unique<ConnectionCore>();
   core->teardown = {call, LogLevel::notice};  // until a ConnReq owns it
   core->config = config;
@@ -291,7 +290,7 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   store_private_data(core->private_data, **event);
   const std::string_view device = device_name(core->id->verbs);
   const PeerState* same_name = nullptr;
-  drop_removed_peers(listener);  // the wait may have been long
+  drop_removed_peers(listener);
   {
     std::lock_guard lock(listener.peers_mutex);  // a listen_shared caller may be joining
     for (const auto& peer : listener.peers) {
