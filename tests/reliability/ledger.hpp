@@ -39,6 +39,11 @@ namespace reliability {
 inline constexpr std::array<std::string_view, 7> rdma_kinds{"cm_id", "qp",  "cq", "mr",
                                                             "pd",    "ctx", "srq"};
 
+// Sets of rdma_kinds for the readers below: bit i is rdma_kinds[i].
+inline constexpr std::uint32_t all_rdma_kinds = (1u << rdma_kinds.size()) - 1;
+inline constexpr std::uint32_t without_srqs = all_rdma_kinds & ~(1u << 6);
+static_assert(rdma_kinds[6] == "srq");
+
 struct Ledger {
   long fds = 0;
   std::array<long, rdma_kinds.size()> rdma{};  // indexed like rdma_kinds
@@ -258,14 +263,18 @@ inline std::vector<std::uint32_t> rdma_device_indexes(NldevSocket& socket) {
 
 // Objects of each kind, on every device, whose owner is `pid` (RDMA_NLDEV_ATTR_RES_PID);
 // kernel-owned objects carry no pid. pid 0 counts every object that has a pid. This is
-// what `rdma resource show KIND` lists with "pid N". With `only`, only that kind (an
-// index into rdma_kinds) is read; the others stay 0.
-inline std::array<long, rdma_kinds.size()> count_rdma_kinds(pid_t pid, std::optional<std::size_t> only = std::nullopt) {
+// what `rdma resource show KIND` lists with "pid N". Only the kinds in `kinds` (bit i:
+// rdma_kinds[i]) are read; the others stay 0.
+// A dump part without an entry is an error: the kernel (nldev's res_get_common_dumpit, 6.1
+// and later) sends one, and then the same again forever, when a single entry does not fit
+// in a message. An SRQ's entry lists its QPs' numbers as ranges: one of thousands of QPs
+// whose numbers interleave with other QPs' overflows (measured: 10,000, in the scale test).
+inline std::array<long, rdma_kinds.size()> count_rdma_kinds(pid_t pid, std::uint32_t kinds = all_rdma_kinds) {
   NldevSocket socket;
   std::array<long, rdma_kinds.size()> counts{};
   for (const std::uint32_t device : rdma_device_indexes(socket)) {
     for (std::size_t i = 0; i < nldev_kinds.size(); ++i) {
-      if (only && i != *only) continue;
+      if ((kinds & (1u << i)) == 0) continue;
       const NldevKind& kind = nldev_kinds[i];
       auto on_entry = [&](std::uint16_t type, const unsigned char* value, std::size_t len) {
         if (type != kind.entry) return;
@@ -281,9 +290,20 @@ inline std::array<long, rdma_kinds.size()> count_rdma_kinds(pid_t pid, std::opti
       };
       socket.dump(kind.command, kind.command_name, device, [&](const unsigned char* attrs, std::size_t size) {
         bool well_formed = true;
+        long tables = 0, entries = 0;
         const bool top = for_each_attr(attrs, size, [&](std::uint16_t type, const unsigned char* value, std::size_t len) {
-          if (type == kind.table) well_formed = for_each_attr(value, len, on_entry) && well_formed;
+          if (type != kind.table) return;
+          ++tables;
+          well_formed = for_each_attr(value, len, [&](std::uint16_t entry, const unsigned char* v, std::size_t l) {
+                          entries += entry == kind.entry;
+                          on_entry(entry, v, l);
+                        }) && well_formed;
         });
+        if (top && well_formed && tables > 0 && entries == 0)
+          throw std::runtime_error(std::string("RDMA netlink ") + kind.command_name + " dump of device index " +
+                                   std::to_string(device) +
+                                   ": a reply without an entry (the kernel cannot fit one entry in a message and "
+                                   "would send the same reply forever; an SRQ with thousands of QPs does that)");
         return top && well_formed;
       });
     }
@@ -294,7 +314,7 @@ inline std::array<long, rdma_kinds.size()> count_rdma_kinds(pid_t pid, std::opti
 // Objects of one kind of rdma_kinds ("cm_id", ...) owned by `pid` (0: by any process).
 inline long count_rdma(std::string_view kind, pid_t pid) {
   for (std::size_t i = 0; i < rdma_kinds.size(); ++i)
-    if (rdma_kinds[i] == kind) return count_rdma_kinds(pid, i)[i];
+    if (rdma_kinds[i] == kind) return count_rdma_kinds(pid, 1u << i)[i];
   throw std::invalid_argument("no RDMA ledger kind " + std::string(kind));
 }
 
@@ -329,9 +349,11 @@ inline void open_librdmacm_devices() {
 
 // The ledger of `pid` (default: this process). Throws std::system_error naming the
 // netlink command and errno when the kernel's resource tracker cannot be read.
-inline Ledger ledger_of(pid_t pid = ::getpid()) {
+// `kinds` as count_rdma_kinds's: without_srqs for a process holding an SRQ with thousands of
+// QPs (the kernel cannot dump it).
+inline Ledger ledger_of(pid_t pid = ::getpid(), std::uint32_t kinds = all_rdma_kinds) {
   Ledger ledger;
-  ledger.rdma = detail::count_rdma_kinds(pid);  // its socket is closed before fds are counted
+  ledger.rdma = detail::count_rdma_kinds(pid, kinds);  // its socket is closed before fds are counted
   ledger.fds = detail::count_fds(pid);
   return ledger;
 }
