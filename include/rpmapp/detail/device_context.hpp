@@ -58,6 +58,8 @@ expected<void> use_device(const char* call, ibv_context* context) noexcept;
 void mark_device_removed(const ibv_context* context) noexcept;
 /// Whether `context`'s device was reported removed (a relaxed load unless any was).
 bool device_removed(const ibv_context* context) noexcept;
+/// Whether any device used by a Peer was ever reported removed (a relaxed load).
+bool any_device_removed() noexcept;
 /// The error of a call on a removed device: provider, ENODEV, naming the device and the
 /// event, and what to do.
 Error removed_device_error(const char* call, const ibv_context* context) noexcept;

@@ -117,10 +117,14 @@ RPMAPP_DECL void mark_device_removed(const ibv_context* context) noexcept {
   }
 }
 
+RPMAPP_DECL bool any_device_removed() noexcept {
+  return device_registry().removed.load(std::memory_order_relaxed) != 0;
+}
+
 RPMAPP_DECL bool device_removed(const ibv_context* context) noexcept {
-  auto& registry = device_registry();
-  if (registry.removed.load(std::memory_order_relaxed) == 0) [[likely]]
+  if (!any_device_removed()) [[likely]]
     return false;
+  auto& registry = device_registry();
   std::lock_guard lock(registry.mutex);
   const auto* entry = find_device(registry, context);
   return entry != nullptr && entry->removed;

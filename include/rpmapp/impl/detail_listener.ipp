@@ -227,6 +227,8 @@ RPMAPP_DECL long handle_count(const ListenerState& state) {
 }
 
 RPMAPP_DECL void drop_removed_peers(ListenerState& listener) noexcept {
+  if (!any_device_removed()) [[likely]]
+    return;  // the accept path takes no lock for it
   std::vector<std::shared_ptr<PeerState>> gone;  // released outside the lock
   {
     std::lock_guard lock(listener.peers_mutex);
