@@ -75,15 +75,17 @@ struct GrantState {
 
 /// The grants of a connection or of a region. Released entries are dropped when the next
 /// one is added. A connection's also keeps its grants whose binds have not completed, in
-/// the order they were posted (a send queue completes in order).
+/// the order they were posted (a send queue completes in order). Its lists are made by the
+/// first grant: most connections and regions never grant, and every one has a registry.
 struct GrantRegistry {
-  std::mutex mutex;
-  std::vector<std::shared_ptr<GrantState>> grants;
-  /// A list, not a deque: libstdc++'s empty deque allocates 576 bytes, and every
-  /// connection (and region) has a registry.
-  std::list<std::shared_ptr<GrantState>> binding;
-  /// binding.size(), read without the mutex by every poll of the connection's queues.
+  /// How many binds are pending, read without a lock by every poll of the connection's
+  /// queues.
   std::atomic<std::size_t> pending{0};
+
+  GrantRegistry() = default;
+  GrantRegistry(const GrantRegistry&) = delete;
+  GrantRegistry& operator=(const GrantRegistry&) = delete;
+  ~GrantRegistry() { delete lists_.load(std::memory_order_acquire); }
 
   /// Adds `grant`; with `bind_posted_next`, also as the next bind to complete. Errors: nomem.
   expected<void> add(std::shared_ptr<GrantState> grant, bool bind_posted_next = false) noexcept;
@@ -94,24 +96,24 @@ struct GrantRegistry {
   /// show done: each successful IBV_WC_BIND_MW completes the oldest pending bind; a failed
   /// completion means the queue pair is in the error state, where no pending bind will run.
   /// A failure to release a grant revoked meanwhile is logged under `by`.
-  void completed(std::span<const ibv_wc> completions, Teardown by) noexcept {
-    std::lock_guard lock(mutex);
-    for (const ibv_wc& wc : completions) {
-      if (binding.empty()) break;
-      const bool failed = wc.status != IBV_WC_SUCCESS;
-      if (!failed && wc.opcode != IBV_WC_BIND_MW) continue;
-      do {
-        if (auto released = binding.front()->settle(by); !released) [[unlikely]]
-          log(by.level, by.where, released.error());
-        binding.pop_front();
-      } while (failed && !binding.empty());
-    }
-    pending.store(binding.size(), std::memory_order_relaxed);
-  }
+  void completed(std::span<const ibv_wc> completions, Teardown by) noexcept;
 
   /// Revokes and releases every grant (`force`: the connection or region is going),
   /// reporting the first failure through `first`.
   void revoke_all(FirstError& first) noexcept;
+
+ private:
+  struct Lists {
+    std::mutex mutex;
+    std::vector<std::shared_ptr<GrantState>> grants;
+    /// A list: libstdc++'s empty deque allocates 576 bytes.
+    std::list<std::shared_ptr<GrantState>> binding;
+  };
+  /// Null until the first add; then set once (two first adds race for it) and kept.
+  std::atomic<Lists*> lists_{nullptr};
+
+  /// The lists, made if need be. Errors: nomem.
+  expected<Lists*> lists() noexcept;
 };
 
 }  // namespace detail
