@@ -200,8 +200,8 @@ TEST_CASE("librdmacm is not synced while another Peer's device is gone: its cont
   fake.expect_clean();
 }
 
-TEST_CASE("a removed device under a wildcard listener: its next request lets go of the device's Peer, "
-          "so the removal need not wait for the listener, which serves on",
+TEST_CASE("a removed device under idle wildcard listeners: each lets go of the device's Peer when "
+          "the removal is heard, without a request, so the removal need not wait for them; they serve on",
           "[device-removal]") {
   fake::FakeProvider fake;
   {
@@ -210,14 +210,46 @@ TEST_CASE("a removed device under a wildcard listener: its next request lets go 
     peers.push_back(open_peer(fake, 1));
     auto wildcard = Endpoint::listen(peers, "", "7471");
     REQUIRE(wildcard);
+    auto second = Endpoint::listen(peers, "", "7472");
+    REQUIRE(second);
+    // A listener on one of the device's addresses keeps its Peer: it hears the removal itself.
+    Endpoint specific = listen_on(peers[0], "169.254.77.1", "7473");
     remove_under_connection(fake, peers[0], {0});
-    CHECK(take_request(fake, *wildcard, {1, "on fake1", "169.254.78.2", 40000}));
-    // The listener holds nothing of device 0 any more: its Peer's close releases the domain.
+    // Neither wildcard listener took a request: both let go when the connection heard it.
+    REQUIRE_OK(std::move(specific).shutdown());
     const auto closing = fake.mark();
     REQUIRE_OK(std::move(peers[0]).close());
     CHECK(fake.calls_since(closing) == after({"ibv_dereg_mr", "ibv_dealloc_pd"}, sync_calls));
     CHECK(fake.device_context_closed(0));
-    CHECK(take_request(fake, *wildcard, {1, "again", "169.254.78.2", 40001}));
+    CHECK(take_request(fake, *wildcard, {1, "on fake1", "169.254.78.2", 40000}));
+    CHECK(take_request(fake, *second, {1, "on fake1", "169.254.78.2", 40001}));
+    REQUIRE_OK(std::move(*wildcard).shutdown());
+    REQUIRE_OK(std::move(*second).shutdown());
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("a request a wildcard listener took before a removal: its connect is ENODEV, and it holds "
+          "the device's Peer only until it goes",
+          "[device-removal]") {
+  fake::FakeProvider fake;
+  {
+    std::vector<Peer> peers;
+    peers.push_back(open_peer(fake, 0));
+    peers.push_back(open_peer(fake, 1));
+    auto wildcard = Endpoint::listen(peers, "", "7471");
+    REQUIRE(wildcard);
+    // The request holds the Peer of device 0 after the listener let go of it at the removal.
+    ConnReq early = take_request(fake, *wildcard, {0, "on fake0", "169.254.77.2", 40000});
+    remove_under_connection(fake, peers[0], {0});
+    auto refused = std::move(early).connect();
+    REQUIRE_FALSE(refused);
+    INFO(refused.error().message());
+    CHECK(refused.error().sys_errno() == ENODEV);
+    const auto closing = fake.mark();
+    REQUIRE_OK(std::move(peers[0]).close());
+    CHECK(fake.calls_since(closing) == after({"ibv_dereg_mr", "ibv_dealloc_pd"}, sync_calls));
+    CHECK(take_request(fake, *wildcard, {1, "on fake1", "169.254.78.2", 40001}));
     REQUIRE_OK(std::move(*wildcard).shutdown());
   }
   fake.expect_clean();

@@ -34,6 +34,9 @@ Error context_mismatch(const char* call, std::string_view what, const ibv_contex
 /// its own only when it next syncs its device list (rdma_get_devices) with nothing of the
 /// device left, so the last Peer of a removed device makes it sync (release_device).
 struct DeviceRegistry {
+  /// Told, outside the lock, of each device when it is first marked removed (listener.hpp
+  /// sets it: the wildcard listeners let go of their Peers of that device at once).
+  using RemovalHook = void (*)(const ibv_context*) noexcept;
   struct Entry {
     ibv_context* context;
     long peers;
@@ -43,6 +46,7 @@ struct DeviceRegistry {
   std::vector<Entry> entries;
   std::atomic<int> removed{0};  // entries marked removed: none, and no lookup is needed
   bool sync_due = false;        // a removed device's last Peer went; librdmacm not synced yet
+  std::atomic<RemovalHook> removal_hook{nullptr};
 };
 DeviceRegistry& device_registry() noexcept;
 /// The entry of `context`, or null (the registry's mutex held).
@@ -54,7 +58,8 @@ bool peers_devices_present(const Provider& p, const DeviceRegistry& registry) no
 /// A PeerState starts using `context`. Errors: nomem.
 expected<void> use_device(const char* call, ibv_context* context) noexcept;
 /// Marks `context`'s device removed (a DEVICE_REMOVAL event on a cm_id of it), when a
-/// Peer uses it; idempotent.
+/// Peer uses it, and then calls the registry's removal hook; idempotent (the hook is
+/// called once per device).
 void mark_device_removed(const ibv_context* context) noexcept;
 /// Whether `context`'s device was reported removed (a relaxed load unless any was).
 bool device_removed(const ibv_context* context) noexcept;

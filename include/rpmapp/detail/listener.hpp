@@ -49,6 +49,20 @@ inline ListenerRegistry& listener_registry() {
   return *registry;
 }
 
+/// The wildcard listeners alive: a device's removal reaches none of them (the kernel tells
+/// a wildcard listener nothing of one device going), so mark_device_removed's hook has
+/// each let go of its Peers of that device at once, not at its next request, which an
+/// idle listener may never take while `rdma link delete` waits for those Peers.
+struct WildcardListeners {
+  std::mutex mutex;
+  std::vector<ListenerState*> listeners;
+};
+/// Never destroyed, as listener_registry.
+inline WildcardListeners& wildcard_listeners() {
+  static WildcardListeners* const listeners = new WildcardListeners;
+  return *listeners;
+}
+
 /// The node a listener binds for `addr` first: "" is the IPv6 (dual-stack) wildcard.
 inline std::string_view listen_node(std::string_view addr) noexcept {
   return addr.empty() ? std::string_view("::") : addr;
@@ -76,6 +90,7 @@ struct ListenerState {
   std::uint16_t port = 0;
   bool shared = false;
   bool removed = false;  // its device was removed (DEVICE_REMOVAL): every later take fails
+  bool wildcard_listed = false;  // in wildcard_listeners() until destroyed
   ListenerKey key;   // shared listeners only
   long handles = 1;  // Endpoint handles; for shared listeners guarded by the registry mutex
   /// A shared listener's connection request handler (a ConnReqHandler), fixed when it is
@@ -100,8 +115,12 @@ struct ListenerState {
 /// Lets go of `listener`'s Peers whose device was reported removed (their protection
 /// domains go with them, unless held elsewhere), so that the removal need not wait for the
 /// listener: a wildcard listener spans devices and the kernel tells it nothing of one
-/// going. Called for each request taken, before its Peer is looked up.
+/// going. Called for each wildcard listener when a device is marked removed
+/// (drop_removed_peers_everywhere), and for each request taken, before its Peer is looked
+/// up (a request read before the mark).
 void drop_removed_peers(ListenerState& listener) noexcept;
+/// DeviceRegistry's removal hook: drop_removed_peers on every wildcard listener.
+void drop_removed_peers_everywhere(const ibv_context* removed) noexcept;
 
 expected<std::shared_ptr<ListenerState>> start_listening(
     const char* call, std::span<const Peer> peers, std::string_view addr, std::string_view port,

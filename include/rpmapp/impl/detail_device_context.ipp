@@ -110,11 +110,14 @@ RPMAPP_DECL expected<void> use_device(const char* call, ibv_context* context) no
 
 RPMAPP_DECL void mark_device_removed(const ibv_context* context) noexcept {
   auto& registry = device_registry();
-  std::lock_guard lock(registry.mutex);
-  if (auto* entry = find_device(registry, context); entry != nullptr && !entry->removed) {
+  {
+    std::lock_guard lock(registry.mutex);
+    auto* entry = find_device(registry, context);
+    if (entry == nullptr || entry->removed) return;
     entry->removed = true;
     registry.removed.fetch_add(1, std::memory_order_relaxed);
   }
+  if (auto hook = registry.removal_hook.load(std::memory_order_acquire)) hook(context);
 }
 
 RPMAPP_DECL bool any_device_removed() noexcept {

@@ -20,6 +20,11 @@ RPMAPP_DECL ListenerKey listener_key(std::string_view addr, std::uint16_t port) 
 }
 
 RPMAPP_DECL ListenerState::~ListenerState() {
+  if (wildcard_listed) {
+    auto& all = wildcard_listeners();
+    std::lock_guard lock(all.mutex);
+    std::erase(all.listeners, this);
+  }
   if (!id && !channel) return;  // stopped by its last Endpoint handle (the usual case)
   if (auto stopped = stop(teardown); !stopped) [[unlikely]]
     log(teardown.level, teardown.where, stopped.error());
@@ -126,6 +131,17 @@ RPMAPP_DECL expected<std::shared_ptr<ListenerState>> start_listening(
   errno = 0;
   if (p.listen(id, options.backlog) != 0) return fail(provider_error("rdma_listen", errno));
   state->port = port_of(rdma_get_local_addr(id));
+  if (state->device.empty()) {
+    auto& all = wildcard_listeners();
+    std::lock_guard lock(all.mutex);
+    try {
+      all.listeners.push_back(state.get());
+    } catch (const std::bad_alloc&) {
+      return fail(Error(errc::nomem, ENOMEM, call, "memory allocation failed"));
+    }
+    state->wildcard_listed = true;
+    device_registry().removal_hook.store(&drop_removed_peers_everywhere, std::memory_order_release);
+  }
   // From here its Endpoint handles stop it (the last one, explicitly).
   state->teardown = {"detail::ListenerState", LogLevel::warning};
   return state;
@@ -252,6 +268,12 @@ RPMAPP_DECL void drop_removed_peers(ListenerState& listener) noexcept {
                                device_name(peer->context));
     log(LogLevel::notice, "Endpoint", std::string_view(text, std::min(n.size, sizeof text)));
   }
+}
+
+RPMAPP_DECL void drop_removed_peers_everywhere(const ibv_context*) noexcept {
+  auto& all = wildcard_listeners();
+  std::lock_guard lock(all.mutex);
+  for (ListenerState* listener : all.listeners) drop_removed_peers(*listener);
 }
 
 RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char* call,
