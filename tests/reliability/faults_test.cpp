@@ -1079,15 +1079,14 @@ struct EchoServer {
     const auto now = Clock::now();
     const long k = ++established;
     if (k == 1) first_at = now;
-    long decade_at = 100;
-    while (decade_at < k) decade_at *= 10;
-    const bool decade = decade_at == k;
-    if (!decade && k % 1000 != 0 && k != 50 && k != 500) return;
-    at[k] = now;
+    if (2 * k == next_decade) half_decade_at = now;
+    const bool decade = k == next_decade;
+    if (!decade && k % 1000 != 0) return;
     std::cout << "faults [scale]: " << k << " established after " << std::chrono::duration<double>(now - first_at).count() << " s";
     if (decade) {
-      rates.emplace_back(k, static_cast<double>(k - k / 2) / std::chrono::duration<double>(now - at[k / 2]).count());
+      rates.emplace_back(k, static_cast<double>(k - k / 2) / std::chrono::duration<double>(now - half_decade_at).count());
       std::cout << "; " << rates.back().second << " conn/s between " << k / 2 << " and " << k;
+      next_decade *= 10;
     }
     std::cout << std::endl;
   }
@@ -1104,7 +1103,8 @@ struct EchoServer {
   std::size_t next_index = 0;
   long established = 0, echoed = 0, closed = 0;
   Clock::time_point first_at;
-  std::map<long, Clock::time_point> at;          // when the 50th, 100th, 500th and every 1,000th was established
+  long next_decade = 100;             // 100, 1,000, 10,000...: where the next rate is taken
+  Clock::time_point half_decade_at;   // when next_decade / 2 were established
   std::vector<std::pair<long, double>> rates;  // (k, conn/s between k/2 and k)
   std::vector<std::string> problems;
 };

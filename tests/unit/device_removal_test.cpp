@@ -205,13 +205,9 @@ TEST_CASE("a removed device under idle wildcard listeners: each lets go of the d
           "[device-removal]") {
   fake::FakeProvider fake;
   {
-    std::vector<Peer> peers;
-    peers.push_back(open_peer(fake, 0));
-    peers.push_back(open_peer(fake, 1));
-    auto wildcard = Endpoint::listen(peers, "", "7471");
-    REQUIRE(wildcard);
-    auto second = Endpoint::listen(peers, "", "7472");
-    REQUIRE(second);
+    std::vector<Peer> peers = peers_on_both_devices(fake);
+    Endpoint wildcard = listen_wildcard(peers);
+    Endpoint second = listen_wildcard(peers, "7472");
     // A listener on one of the device's addresses keeps its Peer: it hears the removal itself.
     Endpoint specific = listen_on(peers[0], "169.254.77.1", "7473");
     remove_under_connection(fake, peers[0], {0});
@@ -221,10 +217,10 @@ TEST_CASE("a removed device under idle wildcard listeners: each lets go of the d
     REQUIRE_OK(std::move(peers[0]).close());
     CHECK(fake.calls_since(closing) == after({"ibv_dereg_mr", "ibv_dealloc_pd"}, sync_calls));
     CHECK(fake.device_context_closed(0));
-    CHECK(take_request(fake, *wildcard, {1, "on fake1", "169.254.78.2", 40000}));
-    CHECK(take_request(fake, *second, {1, "on fake1", "169.254.78.2", 40001}));
-    REQUIRE_OK(std::move(*wildcard).shutdown());
-    REQUIRE_OK(std::move(*second).shutdown());
+    CHECK(take_request(fake, wildcard, {1, "on fake1", "169.254.78.2", 40000}));
+    CHECK(take_request(fake, second, {1, "on fake1", "169.254.78.2", 40001}));
+    REQUIRE_OK(std::move(wildcard).shutdown());
+    REQUIRE_OK(std::move(second).shutdown());
   }
   fake.expect_clean();
 }
@@ -234,13 +230,10 @@ TEST_CASE("a request a wildcard listener took before a removal: its connect is E
           "[device-removal]") {
   fake::FakeProvider fake;
   {
-    std::vector<Peer> peers;
-    peers.push_back(open_peer(fake, 0));
-    peers.push_back(open_peer(fake, 1));
-    auto wildcard = Endpoint::listen(peers, "", "7471");
-    REQUIRE(wildcard);
+    std::vector<Peer> peers = peers_on_both_devices(fake);
+    Endpoint wildcard = listen_wildcard(peers);
     // The request holds the Peer of device 0 after the listener let go of it at the removal.
-    ConnReq early = take_request(fake, *wildcard, {0, "on fake0", "169.254.77.2", 40000});
+    ConnReq early = take_request(fake, wildcard, {0, "on fake0", "169.254.77.2", 40000});
     remove_under_connection(fake, peers[0], {0});
     auto refused = std::move(early).connect();
     REQUIRE_FALSE(refused);
@@ -249,8 +242,8 @@ TEST_CASE("a request a wildcard listener took before a removal: its connect is E
     const auto closing = fake.mark();
     REQUIRE_OK(std::move(peers[0]).close());
     CHECK(fake.calls_since(closing) == after({"ibv_dereg_mr", "ibv_dealloc_pd"}, sync_calls));
-    CHECK(take_request(fake, *wildcard, {1, "on fake1", "169.254.78.2", 40001}));
-    REQUIRE_OK(std::move(*wildcard).shutdown());
+    CHECK(take_request(fake, wildcard, {1, "on fake1", "169.254.78.2", 40001}));
+    REQUIRE_OK(std::move(wildcard).shutdown());
   }
   fake.expect_clean();
 }

@@ -335,14 +335,11 @@ TEST_CASE("Endpoint::next_conn_req: a bad config is inval and takes nothing", "[
 TEST_CASE("a wildcard Endpoint serves each request with its device's Peer", "[endpoint]") {
   fake::FakeProvider fake;
   {
-    std::vector<Peer> peers;
-    peers.push_back(open_peer(fake, 0));
-    peers.push_back(open_peer(fake, 1));
-    auto ep = Endpoint::listen(peers, "", "7471");
-    REQUIRE(ep);
+    std::vector<Peer> peers = peers_on_both_devices(fake);
+    Endpoint ep = listen_wildcard(peers);
     for (int device : {1, 0}) {
-      fake.inject_connect_request(*ep->fd(), {device, "x", "169.254.78.20", 40001});
-      auto req = ep->next_conn_req();
+      fake.inject_connect_request(*ep.fd(), {device, "x", "169.254.78.20", 40001});
+      auto req = ep.next_conn_req();
       REQUIRE(req);
       CHECK(*req->device() == "fake" + std::to_string(device));
       CHECK(fake.qp_pd.at(*req->qp_num()) == *peers[static_cast<std::size_t>(device)].pd());

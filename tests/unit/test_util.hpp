@@ -12,6 +12,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -58,6 +59,22 @@ inline Peer open_peer(fake::FakeProvider& fake, int device = 0) {
 
 inline Endpoint listen_on(const Peer& peer, std::string_view addr, std::string_view port = "7471") {
   auto ep = Endpoint::listen(peer, addr, port);
+  INFO((ep ? std::string() : ep.error().message()));
+  REQUIRE(ep);
+  return std::move(*ep);
+}
+
+/// A Peer on each of the fake's first two devices, for a wildcard listener.
+inline std::vector<Peer> peers_on_both_devices(fake::FakeProvider& fake) {
+  std::vector<Peer> peers;
+  peers.push_back(open_peer(fake, 0));
+  peers.push_back(open_peer(fake, 1));
+  return peers;
+}
+
+/// A wildcard listener with one Peer per device.
+inline Endpoint listen_wildcard(std::span<const Peer> peers, std::string_view port = "7471") {
+  auto ep = Endpoint::listen(peers, "", port);
   INFO((ep ? std::string() : ep.error().message()));
   REQUIRE(ep);
   return std::move(*ep);

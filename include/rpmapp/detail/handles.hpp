@@ -145,6 +145,24 @@ struct SrqDeleter : CapturedProvider {
 };
 using SharedReceiveQueue = std::unique_ptr<ibv_srq, SrqDeleter>;
 
+/// For a handle on shared state that its last reference releases (PeerState, SrqState,
+/// SharedCqState: `expected<void> release(Teardown)`): the handle's close(), named `call`.
+/// Releases the state when `state` was its last reference, else only lets go of it.
+template <class State>
+expected<void> close_last_reference(std::shared_ptr<State> state, const char* call) noexcept {
+  if (state.use_count() != 1) return {};
+  return named(call, state->release({call, LogLevel::warning}));
+}
+
+/// As close_last_reference, for a destructor or an assignment (`where`): a failure is logged.
+template <class State>
+void release_last_reference_logged(std::shared_ptr<State> state, const char* where) noexcept {
+  if (!state || state.use_count() != 1) return;  // no other reference can appear when it is 1
+  const Teardown by{where, LogLevel::warning};
+  if (auto released = state->release(by); !released) [[unlikely]]
+    log(by.level, by.where, released.error());
+}
+
 }  // namespace detail
 RPMAPP_END_NAMESPACE
 

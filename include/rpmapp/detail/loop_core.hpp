@@ -30,15 +30,14 @@ struct Waiter : SourceWatcher {
   static constexpr std::uint32_t no_slot = 0xffffffffu;
   using clock = std::chrono::steady_clock;
 
+  // The flags last: a derived waiter's own flags go in the padding after them (one waiter
+  // per watched connection).
   LoopCore* loop = nullptr;     // set while registered (or awaiting a deadline or posted)
   std::uint32_t slot = no_slot;  // its epoll entry, or none
   int fd = -1;
-  bool timed = false;
   clock::time_point deadline{};
   Waiter* timer_prev = nullptr;
   Waiter* timer_next = nullptr;
-  bool posted = false;
-  bool signalled = false;  // posted by post_signal: run as ready(EPOLLIN), not run_posted()
   Waiter* post_next = nullptr;
   /// Waiting for a connection's events on a shared event channel (LoopCore::add_routed):
   /// its inbox, and the loop's pump reading that channel.
@@ -46,6 +45,9 @@ struct Waiter : SourceWatcher {
   Waiter* pump = nullptr;
   Waiter* routed_prev = nullptr;
   Waiter* routed_next = nullptr;
+  bool timed = false;      // `deadline` applies
+  bool posted = false;
+  bool signalled = false;  // posted by post_signal: run as ready(EPOLLIN), not run_posted()
 
   /// Whether it waits for an fd or for routed events (it may be woken by something).
   bool watching() const noexcept { return slot != no_slot || inbox != nullptr; }

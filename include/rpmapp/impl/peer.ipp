@@ -221,20 +221,11 @@ RPMAPP_DECL Peer& Peer::operator=(Peer&& other) noexcept {
 
 RPMAPP_DECL expected<void> Peer::close() && noexcept {
   if (!state_) return detail::fail(detail::moved_from("Peer::close"));
-  auto state = std::move(state_);
-  if (state.use_count() == 1) return detail::named("Peer::close", state->release({"Peer::close", LogLevel::warning}));
-  return {};
+  return detail::close_last_reference(std::move(state_), "Peer::close");
 }
 
 RPMAPP_DECL void Peer::release_logged(const char* where) noexcept {
-  if (!state_) return;
-  auto state = std::move(state_);
-  // The last user: released here, under this name (no other reference can appear).
-  if (state.use_count() == 1) {
-    const detail::Teardown by{where, LogLevel::warning};
-    if (auto released = state->release(by); !released) [[unlikely]]
-      detail::log(by.level, by.where, released.error());
-  }
+  detail::release_last_reference_logged(std::move(state_), where);
 }
 
 RPMAPP_DECL expected<ibv_context*> Peer::context() const noexcept {

@@ -67,19 +67,11 @@ RPMAPP_DECL expected<std::size_t> SharedCq::connections() const noexcept {
 
 RPMAPP_DECL expected<void> SharedCq::close() && noexcept {
   if (!state_) return detail::fail(detail::moved_from("SharedCq::close"));
-  auto state = std::move(state_);
-  if (state.use_count() != 1) return {};
-  return detail::named("SharedCq::close", state->release({"SharedCq::close", LogLevel::warning}));
+  return detail::close_last_reference(std::move(state_), "SharedCq::close");
 }
 
 RPMAPP_DECL void SharedCq::release_logged(const char* where) noexcept {
-  if (!state_) return;
-  auto state = std::move(state_);
-  if (state.use_count() == 1) {  // the last user: released here, under this name
-    const detail::Teardown by{where, LogLevel::warning};
-    if (auto released = state->release(by); !released) [[unlikely]]
-      detail::log(by.level, by.where, released.error());
-  }
+  detail::release_last_reference_logged(std::move(state_), where);
 }
 
 RPMAPP_END_NAMESPACE

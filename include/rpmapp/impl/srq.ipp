@@ -42,14 +42,9 @@ RPMAPP_DECL expected<Srq> Srq::create(const Peer& peer, const SrqConfig& config)
     if (!state->srq) return detail::fail(detail::provider_error("ibv_create_srq", errno));
     if (config.rcq_size > 0) {
       ibv_context* context = state->peer->context;
-      errno = 0;
-      state->channel.reset(p.create_comp_channel(context));
-      if (!state->channel) return detail::fail(detail::provider_error("ibv_create_comp_channel", errno));
-      errno = 0;
-      state->rcq.reset(p.create_cq(context, static_cast<int>(config.rcq_size), nullptr,
-                                   state->channel.get(), 0));
-      if (!state->rcq) return detail::fail(detail::provider_error("ibv_create_cq", errno));
-      if (auto armed = detail::rearm(state->rcq.get()); !armed) return detail::fail(armed.error());
+      if (auto ok = detail::make_comp_channel(state->channel, context); !ok) return detail::fail(ok.error());
+      if (auto ok = detail::make_cq(state->rcq, context, config.rcq_size, state->channel.get(), 0); !ok)
+        return detail::fail(ok.error());
       if (auto room = state->routes.reserve(static_cast<std::size_t>(state->rcq->cqe)); !room)
         return detail::fail(room.error());
     }
@@ -68,20 +63,11 @@ RPMAPP_DECL Srq& Srq::operator=(Srq&& other) noexcept {
 
 RPMAPP_DECL expected<void> Srq::close() && noexcept {
   if (!state_) return detail::fail(detail::moved_from("Srq::close"));
-  auto state = std::move(state_);
-  if (state.use_count() != 1) return {};
-  return detail::named("Srq::close", state->release({"Srq::close", LogLevel::warning}));
+  return detail::close_last_reference(std::move(state_), "Srq::close");
 }
 
 RPMAPP_DECL void Srq::release_logged(const char* where) noexcept {
-  if (!state_) return;
-  auto state = std::move(state_);
-  // The last user: released here, under this name (no other reference can appear).
-  if (state.use_count() == 1) {
-    const detail::Teardown by{where, LogLevel::warning};
-    if (auto released = state->release(by); !released) [[unlikely]]
-      detail::log(by.level, by.where, released.error());
-  }
+  detail::release_last_reference_logged(std::move(state_), where);
 }
 
 RPMAPP_DECL expected<Cq> Srq::rcq() const noexcept {
