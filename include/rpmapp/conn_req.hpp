@@ -192,8 +192,13 @@ class PendingConnReq {
   friend class ConnReq;
   enum class Stage { address, route };
 
-  explicit PendingConnReq(std::unique_ptr<detail::ConnectionCore> core) noexcept
-      : core_(std::move(core)) {
+  // `config`'s queue sizes and timeout are read until the queues are made (the shared
+  // queues it names are already held by `core`).
+  PendingConnReq(std::unique_ptr<detail::ConnectionCore> core, const ConnConfig& config) noexcept
+      : core_(std::move(core)), config_(config) {
+    config_.srq = nullptr;
+    config_.shared_cq = nullptr;
+    config_.shared_event_channel = nullptr;
     core_->teardown = {"PendingConnReq::~PendingConnReq", LogLevel::warning};
   }
 
@@ -217,6 +222,7 @@ class PendingConnReq {
   expected<bool> handle(const char* call, const rdma_cm_event& event) noexcept;
 
   std::unique_ptr<detail::ConnectionCore> core_;
+  ConnConfig config_;
   Stage stage_ = Stage::address;
 };
 

@@ -1,6 +1,8 @@
 // Conn: next_event (three variants) and its event mapping, disconnect, close.
 #include "test_util.hpp"
 
+#include <algorithm>
+
 namespace conn_test {
 
 using namespace test;
@@ -106,6 +108,30 @@ TEST_CASE("Conn: the accept's and the reject's private data", "[conn]") {
     CHECK(*conn->device() == "fake0");
     CHECK(*conn->peer_address() == "169.254.77.20");
     CHECK(*conn->peer_port() == 40001);
+  }
+  SECTION("accepting side: a request without data shows rdma_cm's 56 zero bytes, and no copy of them is kept") {
+    Endpoint ep = listen_on(peer, "169.254.77.1");
+    auto none = take_request(fake, ep, {0, "", "169.254.77.20", 40001});
+    auto other = take_request(fake, ep, {0, "", "169.254.77.21", 40002});
+    auto some = take_request(fake, ep, {0, std::string("a\0b", 3), "169.254.77.22", 40003});
+    const auto zeros = *none.private_data();
+    REQUIRE(zeros.size() == max_connect_private_data);
+    CHECK(std::all_of(zeros.begin(), zeros.end(), [](std::byte b) { return b == std::byte{0}; }));
+    CHECK(other.private_data()->data() == zeros.data());  // one block of zeros for every such request
+    Poisoned out;
+    CHECK(*none.copy_private_data(out.span()) == max_connect_private_data);
+    CHECK(std::all_of(out.bytes.begin(), out.bytes.begin() + max_connect_private_data,
+                      [](std::byte b) { return b == std::byte{0}; }));
+    const auto data = *some.private_data();  // zeros inside data are data
+    REQUIRE(data.size() == max_connect_private_data);
+    CHECK(data[0] == std::byte{'a'});
+    CHECK(data[1] == std::byte{0});
+    CHECK(data[2] == std::byte{'b'});
+    CHECK(data.data() != zeros.data());
+    auto conn = std::move(none).connect();
+    REQUIRE(conn);
+    CHECK(conn->private_data()->size() == max_connect_private_data);
+    CHECK(conn->private_data()->data() == zeros.data());
   }
 }
 

@@ -2050,6 +2050,7 @@ void FakeProvider::inject_connect_request(int listener_fd, const Request& reques
   child->channel = ch;
   child->ps = RDMA_PS_TCP;
   child->verbs = cm_contexts_[request.device];
+  child->context = listener->context;  // librdmacm: a request's id takes its listener's context
   sockaddr_storage local{}, remote{};
   // An IPv6 request has IPv6 addresses, without scope ids (the kernel's cma_save_ip6_info).
   set_sockaddr(remote, request.peer, request.peer_port);

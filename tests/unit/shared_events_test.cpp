@@ -321,6 +321,17 @@ TEST_CASE("shared event channel: the loop's waiters when the loop, the connectio
     CHECK(fake.pending_faults() == 0);
     CHECK(seen == std::vector<std::string>{"a established"});
 
+    // It fails again when the waiter reads: the waiter's handler gets that failure (a loop
+    // that only logged its own failed read would leave its waiters waiting for a channel
+    // that may never be read again), then the event.
+    fake.inject_event_on_qp(*a.qp_num(), RDMA_CM_EVENT_ESTABLISHED);
+    fake.fail("rdma_get_cm_event", kErr, 1);
+    fake.fail("rdma_get_cm_event", kErr, 1);  // counted after the first fired: the next read
+    REQUIRE(run_until(loop, [&] { return seen.size() == 3; }));
+    CHECK(fake.pending_faults() == 0);
+    CHECK_THAT(seen[1], Catch::Contains("rdma_get_cm_event"));
+    CHECK(seen[2] == "a established");
+
     // resolve(): an outgoing request's resolution through the shared channel.
     std::optional<expected<ConnReq>> resolved;
     auto pending = ConnReq::start(s.peer, "169.254.77.9", "7471", s.cfg);

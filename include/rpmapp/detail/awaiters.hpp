@@ -19,7 +19,7 @@ namespace detail {
 /// `bool attempt()` (tries the operation without blocking: true when it stored a result or
 /// an error), `int wait_fd()`, `SourceLink* source()`, `Result take()` and `fail_with(Error)`.
 template <class Derived, class Result>
-class Awaiter : public Waiter {
+class Awaiter : public TimedWaiter {
  public:
   Awaiter(LoopCore* core, const char* call, std::chrono::milliseconds timeout) noexcept
       : core_(core), call_(call), timeout_(timeout) {}

@@ -26,7 +26,7 @@ class ChannelQueues {
   /// The main channel (the main CQ's; also the receive CQ's with
   /// ConnConfig::shared_completion_channel), or with `receive` the receive CQ's own.
   ChannelQueues(ConnectionCore& core, bool receive) noexcept
-      : due_(core.rearm_due), path_(&core.path), owner_(core.conn_id) {
+      : due_(core.rearm_due), path_(&core.path), owner_(core.path.conn) {
     if (receive) {
       channel_ = core.rcq_channel.get();
       queues_[1] = core.rcq.get();

@@ -27,6 +27,9 @@ struct PathMonitor {
   std::atomic<bool> failed{false};  // atomic: the queues may be read on another thread
   SourceLink* watchers = nullptr;   // the connection's event-loop watchers, told once
   GrantRegistry* grants = nullptr;  // the connection's grants: settled by their binds' completions
+  /// The connection's identity (Conn::id): here, so that a shared queue's route to the
+  /// connection is this monitor alone.
+  ConnId conn = next_conn_id();
 };
 
 /// Looks for a transport failure among completions just read from a queue of the
@@ -67,11 +70,11 @@ class CompletionRoutes {
   /// nothing while the queue holds no more than that. Errors: nomem.
   expected<void> reserve(std::size_t entries) noexcept;
 
-  /// Routes the completions of queue pair `qp_num` to `conn` and `path` (kept until
+  /// Routes the completions of queue pair `qp_num` to the connection of `path` (kept until
   /// retire). A number still routed to a queue pair whose draining failed is drained
   /// again first. Errors: nomem; provider (ibv_poll_cq failed while draining that stale
   /// number: nothing is changed).
-  expected<void> add(const Provider& p, ibv_cq* cq, std::uint32_t qp_num, ConnId conn, PathMonitor* path) noexcept;
+  expected<void> add(const Provider& p, ibv_cq* cq, std::uint32_t qp_num, PathMonitor& path) noexcept;
 
   /// The connection of queue pair `qp_num` is going and its queue pair was destroyed (or
   /// `qp_survived` a failed ibv_destroy_qp): drains the queue of its completions and
@@ -91,10 +94,24 @@ class CompletionRoutes {
   std::size_t size() noexcept;
 
  private:
-  struct Route {
-    ConnId conn;
-    PathMonitor* path;  // null once the connection is gone
+  /// One word, as a shared queue holds one per connection: the connection's PathMonitor
+  /// while it lives; once it is gone, its ConnId alone (shifted, the low bit set: a
+  /// PathMonitor's address is even).
+  class Route {
+   public:
+    explicit Route(PathMonitor& path) noexcept : bits_(reinterpret_cast<std::uintptr_t>(&path)) {}
+    ConnId conn() const noexcept { return gone() ? ConnId{bits_ >> 1} : path()->conn; }
+    /// Null once the connection is gone.
+    PathMonitor* path() const noexcept { return gone() ? nullptr : reinterpret_cast<PathMonitor*>(bits_); }
+    void forget_path() noexcept {
+      if (!gone()) bits_ = static_cast<std::uintptr_t>(path()->conn.value << 1) | 1;
+    }
+
+   private:
+    bool gone() const noexcept { return (bits_ & 1) != 0; }
+    std::uintptr_t bits_;
   };
+  static_assert(alignof(PathMonitor) > 1 && sizeof(std::uintptr_t) == sizeof(std::uint64_t));
 
   // With the mutex held: polls `cq` until empty, parking the completions of every queue pair
   // but `qp_num`'s, and drops the parked ones of `qp_num`. False when ibv_poll_cq failed.

@@ -5,6 +5,7 @@
 
 #include <rpmapp/config.hpp>
 #include <rpmapp/cq.hpp>
+#include <rpmapp/detail/address.hpp>
 #include <rpmapp/detail/cm_event.hpp>
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/event_routes.hpp>
@@ -16,18 +17,76 @@
 #include <rpmapp/shared_event_channel.hpp>
 #include <rpmapp/srq.hpp>
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
+/// The private data a connection received (with its request, acceptance or rejection), as
+/// rdma_cm delivered it. Data of zeros only, what a peer that sends none gives on IB (rdma_cm
+/// pads to the protocol's size), is kept as its length over a block of zeros: most servers'
+/// connections then hold no copy, and the core holds one word.
+class ReceivedPrivateData {
+ public:
+  ReceivedPrivateData() noexcept = default;
+  ReceivedPrivateData(const ReceivedPrivateData&) = delete;
+  ReceivedPrivateData& operator=(const ReceivedPrivateData&) = delete;
+  ~ReceivedPrivateData() {
+    if (copied()) delete[] reinterpret_cast<std::byte*>(bits_);
+  }
+
+  std::span<const std::byte> view() const noexcept {
+    if (!copied()) return {zeros.data(), static_cast<std::size_t>(bits_ >> 1)};
+    const auto* copy = reinterpret_cast<const std::byte*>(bits_);
+    return {copy + 1, std::to_integer<std::size_t>(copy[0])};
+  }
+  bool empty() const noexcept { return view().empty(); }
+  /// Copies the private data `event` carries (none: empty). Throws bad_alloc.
+  void store(const rdma_cm_event& event);
+  void swap(ReceivedPrivateData& other) noexcept { std::swap(bits_, other.bits_); }
+
+ private:
+  bool copied() const noexcept { return bits_ != 0 && (bits_ & 1) == 0; }
+
+  // rdma_cm_event's private_data_len is a uint8_t
+  static constexpr std::array<std::byte, 256> zeros{};
+  // A copy (new std::byte[1 + size], the size first), or zeros only: (size << 1) | 1.
+  std::uintptr_t bits_ = 0;
+};
+
+/// What a connection keeps of its ConnConfig once its queues are made: what releasing,
+/// reusing and polling them and answering the request read (the rest of the config is read
+/// while the queues are made, by accept_request and PendingConnReq).
+struct ConnSettings {
+  std::uint32_t cq_size = 0;
+  std::uint32_t rcq_size = 0;
+  int completion_vector = 0;
+  std::uint8_t retry_count = 0;
+  std::uint8_t rnr_retry_count = 0;
+  bool completion_channel = true;
+  bool shared_completion_channel = false;
+  bool reuse_event_channel = false;
+  bool reuse_completion_queues = false;
+};
+
+inline ConnSettings settings_of(const ConnConfig& cfg) noexcept {
+  return {cfg.cq_size,        cfg.rcq_size,           cfg.completion_vector,         cfg.retry_count,
+          cfg.rnr_retry_count, cfg.completion_channel, cfg.shared_completion_channel, cfg.reuse_event_channel,
+          cfg.reuse_completion_queues};
+}
+
 /// Teardown (close_core): the grants' windows go first, then the queue pair, the CQs and
 /// their channels, the cm_id (rejected first if it is an unanswered request), its event
 /// channel, the shared receive queue, and the protection domain (Peer) last.
+/// A server keeps one per connection, so it is kept small: its handles keep no provider
+/// (close_core releases them all through `seam`), the device's name is read from the id,
+/// and only ConnSettings of the config stay.
 struct ConnectionCore {
   const Provider* seam = current_provider;  // the provider that makes and releases it
   std::shared_ptr<PeerState> peer;
@@ -36,33 +95,34 @@ struct ConnectionCore {
   /// ConnConfig::shared_event_channel's (then `channel` is empty and the id's events come
   /// through `inbox`), or none.
   std::shared_ptr<EventRoutes> events;
-  EventChannel channel;
+  std::unique_ptr<rdma_event_channel, EventChannelDeleterOf<CurrentProvider>> channel;
   EventInbox inbox;
-  CmId id;
-  CompChannel comp_channel;  // the CQ's, or the one both CQs share (none: completion_channel off)
-  CompChannel rcq_channel;   // the receive CQ's own (not shared)
-  CompletionQueue cq;
-  CompletionQueue rcq;
-  QueuePairOf qp;
+  std::unique_ptr<rdma_cm_id, OwnedCmIdDeleter> id;
+  // the CQ's, or the one both CQs share (none: completion_channel off)
+  std::unique_ptr<ibv_comp_channel, CompChannelDeleterOf<CurrentProvider>> comp_channel;
+  // the receive CQ's own (not shared)
+  std::unique_ptr<ibv_comp_channel, CompChannelDeleterOf<CurrentProvider>> rcq_channel;
+  std::unique_ptr<ibv_cq, CqDeleterOf<CurrentProvider>> cq;
+  std::unique_ptr<ibv_cq, CqDeleterOf<CurrentProvider>> rcq;
+  std::unique_ptr<rdma_cm_id, QpDeleterOf<CurrentProvider>> qp;
   std::uint32_t qp_num = 0;  // the queue pair's, kept to retire its routes after it is gone
-  /// Tags this connection's completions in shared queues; never reused.
-  ConnId conn_id = next_conn_id();
-  std::vector<std::byte> private_data;
-  /// The device's name, in its ibv_device: valid while `id` holds librdmacm's device.
-  std::string_view device;
-  ConnConfig config;
   std::uint32_t max_inline_data = 0;  // as the queue pair was created
+  ReceivedPrivateData private_data;
+  ConnSettings config;
+  bool reject_unanswered = false;     // `id` is an incoming request not answered yet
   bool direct_write_to_pmem = false;  // the peer's (Conn::apply_remote_peer_config)
   bool closed_reported = false;       // ConnEvent::closed was reported
   bool lost_reported = false;         // ConnEvent::lost was reported for path.failed
   bool device_removed = false;        // ConnEvent::lost was reported for DEVICE_REMOVAL
-  /// Told by the connection's queues when the peer stopped answering; tells `watchers`.
-  PathMonitor path{false, &watchers, &grants};
   bool completion_fds_nonblocking = false;  // an event loop made them O_NONBLOCK
   /// The main CQ [0] and the receive CQ [1] whose event an event loop took and which it has
   /// not re-armed yet (ibv_req_notify_cq failed): such a queue raises no event until then,
   /// so the loop re-arms it before it next polls or waits (ChannelQueues).
   bool rearm_due[2] = {false, false};
+  /// Told by the connection's queues when the peer stopped answering; tells `watchers`.
+  /// path.conn is the connection's ConnId (tags its completions in shared queues; never
+  /// reused).
+  PathMonitor path{false, &watchers, &grants};
   /// The grants made on this connection (Grant::make): revoked before the queue pair goes.
   GrantRegistry grants;
   /// Event loops waiting on this connection: last, so they are told before anything is
@@ -73,6 +133,9 @@ struct ConnectionCore {
   Teardown teardown{"detail::ConnectionCore", LogLevel::warning};
 
   ~ConnectionCore();
+
+  /// The name of the device the connection is on (valid while `id` holds librdmacm's).
+  std::string_view device() const noexcept { return device_name(id->verbs); }
 
   /// The receive CQ, its channel: the connection's own, the shared receive queue's, or
   /// none (receive completions go to the main CQ).
@@ -132,8 +195,7 @@ inline SharedQueues shared_queues_of(const ConnConfig& cfg) noexcept {
 }
 
 /// Gives `core` (whose peer is known) a share of the shared queues (none: nothing), so
-/// that they outlive the connection whatever happens to their handles, and clears the
-/// pointers in core.config. Errors: inval: the receive queue is on another Peer than the
+/// that they outlive the connection whatever happens to their handles. Errors: inval: the receive queue is on another Peer than the
 /// connection's, or has its own CQ while the connection wants a shared completion channel
 /// (librpma's rule).
 expected<void> attach_shared_queues(const char* call, ConnectionCore& core, const ConnConfig& cfg,
@@ -165,7 +227,7 @@ inline expected<CmEvent> next_event_of(const char* call, ConnectionCore& core, c
 /// A CQ of `size` entries for `core` on `channel` (null without completion_channel): one of
 /// its peer's spares with reuse_completion_queues (which has no channel), else a new one.
 /// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
-expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size,
+expected<void> open_cq(ConnectionCore& core, decltype(ConnectionCore::cq)& out, std::uint32_t size,
                        ibv_comp_channel* channel) noexcept;
 
 expected<void> check_private_data(const char* call, std::span<const std::byte> data,
@@ -178,10 +240,7 @@ expected<void> check_private_data(const char* call, std::span<const std::byte> d
 expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg) noexcept;
 
 rdma_conn_param conn_param(std::span<const std::byte> private_data,
-                           const ConnConfig& cfg) noexcept;
-
-/// Copies the private data an event carries (rdma_cm pads it to the protocol's size).
-void store_private_data(std::vector<std::byte>& out, const rdma_cm_event& event);
+                           const ConnSettings& settings) noexcept;
 
 /// Copies `from` into the caller's buffer; nothing is written on failure.
 expected<std::size_t> copy_out(const char* call, std::span<const std::byte> from,

@@ -20,7 +20,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
@@ -45,7 +44,10 @@ struct EventRoutes {
   /// Told when a reader of the channel stops reading (it may have routed an event).
   std::condition_variable reader_done;
   bool reading = false;  // a thread polls and reads the channel (the others wait)
-  std::unordered_map<const rdma_cm_id*, EventInbox*> routes;
+  /// How many ids are routed. An id's route is its `context` (librdmacm leaves it to the
+  /// application; rpmapp makes every id with none): its inbox while routed, else null. No
+  /// table per connection, and routing reads no table.
+  std::size_t routed = 0;
   /// The event loop that drives the channel (one at most), and its pump (a Waiter of that
   /// loop reading the channel for the connections its waiters wait on). Written on the
   /// loop's thread; `driven_by` is read by blocking waits on other threads (refused).
@@ -56,12 +58,12 @@ struct EventRoutes {
   EventRoutes(const EventRoutes&) = delete;
   EventRoutes& operator=(const EventRoutes&) = delete;
 
-  /// Routes `id`'s events to `inbox` from now on. Errors: nomem.
-  expected<void> add(const rdma_cm_id* id, EventInbox& inbox) noexcept;
+  /// Routes `id`'s events to `inbox` from now on (sets id->context).
+  void add(rdma_cm_id* id, EventInbox& inbox) noexcept;
 
   /// Stops routing `id`'s events (null: nothing) and acknowledges those in `inbox` (a
   /// failure goes to `first`). Call it before rdma_destroy_id.
-  void retire(const rdma_cm_id* id, EventInbox& inbox, FirstError& first) noexcept;
+  void retire(rdma_cm_id* id, EventInbox& inbox, FirstError& first) noexcept;
 
   /// The next event of `inbox`'s connection, waiting until `deadline`: taken from the
   /// inbox, or read from the channel (one thread reads at a time; the events it reads for
@@ -73,11 +75,11 @@ struct EventRoutes {
   expected<CmEvent> next(const char* call, EventInbox& inbox, const Deadline& deadline) noexcept;
 
   /// Reads up to `max` events without waiting and routes them (an event loop's pump);
-  /// nothing when another thread is reading. A failed read is logged under `where`, and
-  /// every inbox's waiter is told to look again: each then reads the channel itself, and
-  /// a failure it meets goes to its handler or coroutine, as on a channel of its own.
-  /// Returns how many it routed.
-  std::size_t pump_events(int max, const char* where) noexcept;
+  /// nothing when another thread is reading. A failed read is logged under `where` and
+  /// returns false: the pump then tells every inbox's waiter (all its own) to look again,
+  /// each reads the channel itself, and a failure it meets goes to its handler or
+  /// coroutine, as on a channel of its own.
+  bool pump_events(int max, const char* where) noexcept;
 
   /// How many connections' events are routed.
   std::size_t size() const noexcept;

@@ -29,9 +29,8 @@ inline constexpr std::size_t completion_batch = 16;
 
 /// A handler registration, owned by its Registration: deleted by it, or by the loop after
 /// the dispatch in which its own handler released it.
+/// Its flags, `dispatching` and `orphaned`, are in Waiter.
 struct HandlerWaiter : Waiter {
-  bool dispatching = false;
-  bool orphaned = false;
 
   virtual ~HandlerWaiter() = default;
   /// Calls the handler(s) for `events`; exceptions leave through here.

@@ -14,6 +14,7 @@
 #include <rpmapp/detail/provider.hpp>
 #include <rpmapp/log.hpp>
 
+#include <cerrno>
 #include <memory>
 #include <optional>
 
@@ -70,9 +71,19 @@ struct CapturedProvider {
   const Provider& provider() const noexcept { return *seam; }
 };
 
-struct EventChannelDeleter : CapturedProvider {
-  void operator()(rdma_event_channel* c) const noexcept { provider().destroy_event_channel(c); }
+/// For the handles of an owner that releases them all itself, through the one seam it
+/// keeps (ConnectionCore: close_core, through core.seam): the deleter is only a backstop
+/// and takes no room (a server keeps a core per connection). Should it run, it releases
+/// through the seam current then.
+struct CurrentProvider {
+  const Provider& provider() const noexcept { return *current_provider; }
 };
+
+template <class Seam>
+struct EventChannelDeleterOf : Seam {
+  void operator()(rdma_event_channel* c) const noexcept { this->provider().destroy_event_channel(c); }
+};
+using EventChannelDeleter = EventChannelDeleterOf<CapturedProvider>;
 using EventChannel = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
 
 /// Destroys a cm_id; an incoming request that was never accepted is rejected first
@@ -84,6 +95,16 @@ struct CmIdDeleter {
   void operator()(rdma_cm_id* id) const noexcept;
 };
 using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
+
+/// The backstop of a cm_id whose owner releases it itself (ConnectionCore, which also
+/// rejects an unanswered request first): it only destroys the id.
+struct OwnedCmIdDeleter : CurrentProvider {
+  void operator()(rdma_cm_id* id) const noexcept {
+    errno = 0;
+    log_errno_release(by, provider().destroy_id(id), "rdma_destroy_id");
+  }
+  static constexpr Teardown by{"detail::CmId", LogLevel::warning};
+};
 
 /// Acknowledges a CM event (which releases it) when it goes out of scope. A caller that
 /// lets an event go this way on its failure paths names itself in `by`.
@@ -104,29 +125,35 @@ struct PdDeleter : CapturedProvider {
 };
 using ProtectionDomain = std::unique_ptr<ibv_pd, PdDeleter>;
 
-struct CompChannelDeleter : CapturedProvider {
+template <class Seam>
+struct CompChannelDeleterOf : Seam {
   void operator()(ibv_comp_channel* c) const noexcept {
-    log_value_release(by, provider().destroy_comp_channel(c), "ibv_destroy_comp_channel");
+    log_value_release(by, this->provider().destroy_comp_channel(c), "ibv_destroy_comp_channel");
   }
   static constexpr Teardown by{"detail::CompChannel", LogLevel::warning};
 };
+using CompChannelDeleter = CompChannelDeleterOf<CapturedProvider>;
 using CompChannel = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 
-struct CqDeleter : CapturedProvider {
+template <class Seam>
+struct CqDeleterOf : Seam {
   void operator()(ibv_cq* cq) const noexcept {
-    log_value_release(by, provider().destroy_cq(cq), "ibv_destroy_cq");
+    log_value_release(by, this->provider().destroy_cq(cq), "ibv_destroy_cq");
   }
   static constexpr Teardown by{"detail::CompletionQueue", LogLevel::warning};
 };
+using CqDeleter = CqDeleterOf<CapturedProvider>;
 using CompletionQueue = std::unique_ptr<ibv_cq, CqDeleter>;
 
 /// The queue pair of a cm_id (created by rdma_create_qp); holds the id without owning it.
-struct QpDeleter : CapturedProvider {
+template <class Seam>
+struct QpDeleterOf : Seam {
   void operator()(rdma_cm_id* id) const noexcept {
-    log_value_release(by, provider().destroy_qp(id), "ibv_destroy_qp");
+    log_value_release(by, this->provider().destroy_qp(id), "ibv_destroy_qp");
   }
   static constexpr Teardown by{"detail::QueuePair", LogLevel::warning};
 };
+using QpDeleter = QpDeleterOf<CapturedProvider>;
 using QueuePairOf = std::unique_ptr<rdma_cm_id, QpDeleter>;
 
 struct MrDeleter : CapturedProvider {

@@ -30,14 +30,9 @@ struct Waiter : SourceWatcher {
   static constexpr std::uint32_t no_slot = 0xffffffffu;
   using clock = std::chrono::steady_clock;
 
-  // The flags last: a derived waiter's own flags go in the padding after them (one waiter
-  // per watched connection).
+  // Small: an event loop keeps one per watched connection. So the fd is in the loop's
+  // slot, and the slot and every flag, the handler waiters' too, share one word.
   LoopCore* loop = nullptr;     // set while registered (or awaiting a deadline or posted)
-  std::uint32_t slot = no_slot;  // its epoll entry, or none
-  int fd = -1;
-  clock::time_point deadline{};
-  Waiter* timer_prev = nullptr;
-  Waiter* timer_next = nullptr;
   Waiter* post_next = nullptr;
   /// Waiting for a connection's events on a shared event channel (LoopCore::add_routed):
   /// its inbox, and the loop's pump reading that channel.
@@ -45,9 +40,14 @@ struct Waiter : SourceWatcher {
   Waiter* pump = nullptr;
   Waiter* routed_prev = nullptr;
   Waiter* routed_next = nullptr;
-  bool timed = false;      // `deadline` applies
-  bool posted = false;
-  bool signalled = false;  // posted by post_signal: run as ready(EPOLLIN), not run_posted()
+  std::uint32_t slot = no_slot;  // its epoll entry, or none
+  // Written on the loop's thread only (bits of one byte).
+  bool timed : 1 = false;      // a TimedWaiter whose deadline applies
+  bool posted : 1 = false;
+  bool signalled : 1 = false;  // posted by post_signal: run as ready(EPOLLIN), not run_posted()
+  // HandlerWaiter's, here to share the word.
+  bool dispatching = false;
+  bool orphaned = false;
 
   /// Whether it waits for an fd or for routed events (it may be woken by something).
   bool watching() const noexcept { return slot != no_slot || inbox != nullptr; }
@@ -68,6 +68,17 @@ struct Waiter : SourceWatcher {
 
  protected:
   ~Waiter() = default;
+};
+
+/// A waiter with a deadline (a coroutine's await with a timeout): the handlers' waiters,
+/// one per watched connection, have none and do without these fields.
+struct TimedWaiter : Waiter {
+  clock::time_point deadline{};
+  TimedWaiter* timer_prev = nullptr;
+  TimedWaiter* timer_next = nullptr;
+
+ protected:
+  ~TimedWaiter() = default;
 };
 
 /// Frames of coroutines the loop owns (EventLoop::spawn): destroyed with the loop.
@@ -135,7 +146,7 @@ class LoopCore {
   /// call that may destroy the fd it waits on.
   void unwatch(Waiter& w) noexcept;
 
-  void set_deadline(Waiter& w, Waiter::clock::time_point when) noexcept;
+  void set_deadline(TimedWaiter& w, Waiter::clock::time_point when) noexcept;
   void clear_deadline(Waiter& w) noexcept;
 
   /// Runs w.run_posted() after the current dispatch (or in the next run_once).
@@ -143,6 +154,9 @@ class LoopCore {
   /// Runs w.ready(EPOLLIN) after the current dispatch: its source has news that its fd
   /// does not announce (SourceWatcher::source_signalled). Nothing if `w` is posted already.
   void post_signal(Waiter& w) noexcept;
+  /// post_signal for every waiter of routed events whose channel `pump` reads (after the
+  /// pump failed to read it).
+  void signal_routed(const Waiter* pump) noexcept;
   /// Runs w.ready(EPOLLIN) at the start of the next run_once, after this round: a source
   /// with more to do than one round's share (a completion queue not drained) takes its
   /// turn after the others. Nothing if `w` is posted already.
@@ -178,6 +192,7 @@ class LoopCore {
   struct Slot {
     Waiter* waiter = nullptr;
     std::uint32_t generation = 0;
+    int fd = -1;  // the waiter's
   };
 
   Waiter::clock::time_point earliest() const noexcept;
@@ -196,7 +211,7 @@ class LoopCore {
 
   std::vector<Slot> slots;
   std::vector<std::uint32_t> free_slots;
-  Waiter* timers = nullptr;
+  TimedWaiter* timers = nullptr;
   Waiter* posted_head = nullptr;
   Waiter* posted_tail = nullptr;
   Waiter* next_head = nullptr;  // post_next_round's, for the next run_once

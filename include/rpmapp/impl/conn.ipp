@@ -21,10 +21,10 @@ take_conn_event(const char* call, ConnectionCore& core,
     event->get_deleter().by = {call, LogLevel::notice};  // acknowledged there on failure only
     const rdma_cm_event_type type = (*event)->event;
     // Copy before the acknowledgement releases the event; publish after it succeeded.
-    std::vector<std::byte> data;
+    ReceivedPrivateData data;
     const bool carries_data = type == RDMA_CM_EVENT_REJECTED ||
                               (type == RDMA_CM_EVENT_ESTABLISHED && core.private_data.empty());
-    if (carries_data) store_private_data(data, **event);
+    if (carries_data) data.store(**event);
     if (auto acked = ack(*event); !acked) return fail(acked.error());
     if (carries_data && !data.empty()) core.private_data.swap(data);
     switch (type) {
@@ -89,12 +89,12 @@ RPMAPP_DECL expected<int> Conn::fd() const noexcept {
 
 RPMAPP_DECL expected<std::span<const std::byte>> Conn::private_data() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::private_data"));
-  return std::span<const std::byte>(core_->private_data);
+  return core_->private_data.view();
 }
 
 RPMAPP_DECL expected<std::size_t> Conn::copy_private_data(std::span<std::byte> out) const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::copy_private_data"));
-  return detail::copy_out("Conn::copy_private_data", core_->private_data, out);
+  return detail::copy_out("Conn::copy_private_data", core_->private_data.view(), out);
 }
 
 RPMAPP_DECL expected<std::uint32_t> Conn::qp_num() const noexcept {
@@ -104,14 +104,14 @@ RPMAPP_DECL expected<std::uint32_t> Conn::qp_num() const noexcept {
 
 RPMAPP_DECL expected<ConnId> Conn::id() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::id"));
-  return core_->conn_id;
+  return core_->path.conn;
 }
 
 RPMAPP_DECL expected<Cq> Conn::cq() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::cq"));
   if (core_->shared_cq) return Cq(core_->shared_cq->cq.get(), core_->shared_cq->channel.get(), &core_->shared_cq->routes);
   return Cq(core_->cq.get(), core_->comp_channel.get(), core_->config.shared_completion_channel, &core_->path,
-            core_->conn_id);
+            core_->path.conn);
 }
 
 RPMAPP_DECL expected<Cq> Conn::rcq() const noexcept {
@@ -119,7 +119,7 @@ RPMAPP_DECL expected<Cq> Conn::rcq() const noexcept {
   if (!core_->rcq && core_->srq && core_->srq->rcq)
     return Cq(core_->srq->rcq.get(), core_->srq->channel.get(), &core_->srq->routes);
   const bool shared = core_->config.shared_completion_channel && core_->rcq;
-  return Cq(core_->rcq.get(), core_->receive_channel(), shared, &core_->path, core_->conn_id);
+  return Cq(core_->rcq.get(), core_->receive_channel(), shared, &core_->path, core_->path.conn);
 }
 
 RPMAPP_DECL expected<int> Conn::completion_fd() const noexcept {
@@ -151,7 +151,7 @@ RPMAPP_DECL expected<std::uint16_t> Conn::peer_port() const noexcept {
 
 RPMAPP_DECL expected<std::string_view> Conn::device() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::device"));
-  return std::string_view(core_->device);
+  return core_->device();
 }
 
 RPMAPP_DECL expected<Peer> Conn::peer() const noexcept {

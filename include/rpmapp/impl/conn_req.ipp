@@ -35,7 +35,7 @@ RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_d
   if (incoming_) {
     if (detail::provider().accept(core->id.get(), &param) != 0)
       return detail::fail(detail::provider_error_in(call, "rdma_accept", errno));
-    core->id.get_deleter().reject_first = false;
+    core->reject_unanswered = false;
   } else if (detail::provider().connect(core->id.get(), &param) != 0) {
     return detail::fail(detail::provider_error_in(call, "rdma_connect", errno));
   }
@@ -56,7 +56,7 @@ RPMAPP_DECL expected<void> ConnReq::reject(std::span<const std::byte> private_da
   first.errno_call(detail::provider().reject(core->id.get(), private_data.data(),
                                              static_cast<std::uint8_t>(private_data.size())),
                    "rdma_reject");
-  core->id.get_deleter().reject_first = false;
+  core->reject_unanswered = false;
   if (auto closed = detail::close_core(*core, first.by); !closed) first.note(closed.error());
   return detail::named(call, first.result());
 }
@@ -91,7 +91,7 @@ RPMAPP_DECL expected<PendingConnReq> ConnReq::start_as(const char* call, const P
       if (!own) return detail::fail(own.error());
       core->peer = std::move(*own);
     }
-    core->config = config;
+    core->config = detail::settings_of(config);
     if (auto ok = detail::attach_shared_queues(call, *core, config, detail::shared_queues_of(config)); !ok)
       return detail::fail(ok.error());
     if (auto ok = detail::open_event_channel(*core); !ok) return detail::fail(ok.error());
@@ -101,11 +101,11 @@ RPMAPP_DECL expected<PendingConnReq> ConnReq::start_as(const char* call, const P
       return detail::fail(detail::provider_error("rdma_create_id", errno));
     core->id.reset(id);
     if (core->events)
-      if (auto routed = core->events->add(id, core->inbox); !routed) return detail::fail(routed.error());
+      core->events->add(id, core->inbox);
     errno = 0;
     if (p.resolve_addr(id, nullptr, where.get(), static_cast<int>(config.timeout.count())) != 0)
       return detail::fail(detail::provider_error("rdma_resolve_addr", errno));
-    return PendingConnReq(std::move(core));
+    return PendingConnReq(std::move(core), config);
   });
 }
 
@@ -120,6 +120,7 @@ RPMAPP_DECL PendingConnReq& PendingConnReq::operator=(PendingConnReq&& other) no
   if (this != &other) {
     if (core_) core_->teardown = {"PendingConnReq::operator=", LogLevel::warning};
     core_ = std::move(other.core_);
+    config_ = other.config_;
     stage_ = other.stage_;
   }
   return *this;
@@ -128,7 +129,7 @@ RPMAPP_DECL PendingConnReq& PendingConnReq::operator=(PendingConnReq&& other) no
 RPMAPP_DECL expected<ConnReq> PendingConnReq::wait() && noexcept {
   constexpr const char* call = "PendingConnReq::wait";
   if (!core_) return detail::fail(detail::moved_from(call));
-  const auto bound = 2 * core_->config.timeout + std::chrono::milliseconds(1000);
+  const auto bound = 2 * config_.timeout + std::chrono::milliseconds(1000);
   auto result = std::move(*this).advance(call, detail::Wait::bounded(bound));
   if (!result && result.error() == errc::no_event && core_) {
     drop(call);
@@ -168,7 +169,7 @@ RPMAPP_DECL expected<bool> PendingConnReq::handle(const char* call,
   const auto type = event.event;
   if (stage_ == Stage::address && type == RDMA_CM_EVENT_ADDR_RESOLVED) {
     errno = 0;
-    if (p.resolve_route(core_->id.get(), static_cast<int>(core_->config.timeout.count())) != 0)
+    if (p.resolve_route(core_->id.get(), static_cast<int>(config_.timeout.count())) != 0)
       return detail::fail(detail::provider_error("rdma_resolve_route", errno));
     stage_ = Stage::route;
     return false;
@@ -178,8 +179,7 @@ RPMAPP_DECL expected<bool> PendingConnReq::handle(const char* call,
     if (core_->id->verbs != core_->peer->context)
       return detail::fail(detail::context_mismatch(call, "the address is reached through",
                                                    core_->id->verbs, core_->peer->context));
-    core_->device = detail::device_name(core_->id->verbs);
-    if (auto made = detail::create_queues(*core_, core_->config); !made)
+    if (auto made = detail::create_queues(*core_, config_); !made)
       return detail::fail(made.error());
     return true;
   }
@@ -201,13 +201,13 @@ RPMAPP_DECL expected<bool> ConnReq::is_incoming() const noexcept {
 
 RPMAPP_DECL expected<std::span<const std::byte>> ConnReq::private_data() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("ConnReq::private_data"));
-  return std::span<const std::byte>(core_->private_data);
+  return core_->private_data.view();
 }
 
 RPMAPP_DECL expected<std::size_t>
 ConnReq::copy_private_data(std::span<std::byte> out) const noexcept {
   if (!core_) return detail::fail(detail::moved_from("ConnReq::copy_private_data"));
-  return detail::copy_out("ConnReq::copy_private_data", core_->private_data, out);
+  return detail::copy_out("ConnReq::copy_private_data", core_->private_data.view(), out);
 }
 
 RPMAPP_DECL expected<std::string> ConnReq::peer_address() const noexcept {
@@ -224,7 +224,7 @@ RPMAPP_DECL expected<std::uint16_t> ConnReq::peer_port() const noexcept {
 
 RPMAPP_DECL expected<std::string_view> ConnReq::device() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("ConnReq::device"));
-  return std::string_view(core_->device);
+  return core_->device();
 }
 
 RPMAPP_DECL expected<Peer> ConnReq::peer() const noexcept {
@@ -239,7 +239,7 @@ RPMAPP_DECL expected<std::uint32_t> ConnReq::qp_num() const noexcept {
 
 RPMAPP_DECL expected<ConnId> ConnReq::id() const noexcept {
   if (!core_) return detail::fail(detail::moved_from("ConnReq::id"));
-  return core_->conn_id;
+  return core_->path.conn;
 }
 
 RPMAPP_DECL expected<int> PendingConnReq::fd() const noexcept {

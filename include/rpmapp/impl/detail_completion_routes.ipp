@@ -21,7 +21,7 @@ RPMAPP_DECL expected<void> CompletionRoutes::reserve(std::size_t entries) noexce
 }
 
 RPMAPP_DECL expected<void> CompletionRoutes::add(const Provider& p, ibv_cq* cq, std::uint32_t qp_num,
-                                                 ConnId conn, PathMonitor* path) noexcept {
+                                                 PathMonitor& path) noexcept {
   return no_throw("CompletionRoutes::add", [&]() -> expected<void> {
     std::lock_guard lock(mutex_);
     if (routes_.count(qp_num) != 0) {  // a gone queue pair's number, its draining failed before
@@ -31,7 +31,7 @@ RPMAPP_DECL expected<void> CompletionRoutes::add(const Provider& p, ibv_cq* cq, 
                                "returned {} draining the shared queue of a gone queue pair numbered {}",
                                failure, qp_num));
     }
-    routes_.insert_or_assign(qp_num, Route{conn, path});
+    routes_.insert_or_assign(qp_num, Route(path));
     return {};
   });
 }
@@ -41,7 +41,7 @@ RPMAPP_DECL expected<void> CompletionRoutes::retire(const Provider& p, ibv_cq* c
   std::lock_guard lock(mutex_);
   auto route = routes_.find(qp_num);
   if (route == routes_.end()) return {};
-  route->second.path = nullptr;  // the connection is going: nothing may reach it any more
+  route->second.forget_path();  // the connection is going: nothing may reach it any more
   if (qp_survived) return {};    // it may still complete work: its number stays its own
   int failure = 0;
   if (!drain(p, cq, qp_num, failure))
@@ -105,8 +105,8 @@ RPMAPP_DECL int CompletionRoutes::poll(const Provider& p, ibv_cq* cq, std::span<
   }
   for (std::size_t i = 0; i < n; ++i) {
     const auto route = routes_.find(out[i].qp_num);
-    if (conns != nullptr) conns[i] = route != routes_.end() ? route->second.conn : ConnId{};
-    if (route != routes_.end()) watch_path(route->second.path, out.subspan(i, 1));
+    if (conns != nullptr) conns[i] = route != routes_.end() ? route->second.conn() : ConnId{};
+    if (route != routes_.end()) watch_path(route->second.path(), out.subspan(i, 1));
   }
   return static_cast<int>(n);
 }

@@ -76,7 +76,7 @@ RPMAPP_DECL expected<void> close_core(ConnectionCore& core, Teardown by) noexcep
   if (core.events) core.events->retire(core.id.get(), core.inbox, first);
   if (core.id) {
     errno = 0;
-    if (core.id.get_deleter().reject_first)
+    if (core.reject_unanswered)
       first.errno_call(p.reject(core.id.get(), nullptr, 0), "rdma_reject");
     errno = 0;
     const int destroyed = p.destroy_id(core.id.release());
@@ -136,8 +136,6 @@ RPMAPP_DECL expected<void> check_config(const char* call, const ConnConfig& cfg)
 
 RPMAPP_DECL expected<void> attach_shared_queues(const char* call, ConnectionCore& core, const ConnConfig& cfg,
                                                 const SharedQueues& shared) noexcept {
-  core.config.srq = nullptr;  // held by core.srq and core.shared_cq from here on
-  core.config.shared_cq = nullptr;
   if (shared.srq) {
     if (shared.srq->peer->pd.get() != core.peer->pd.get())
       return fail(invalid(call, "the shared receive queue belongs to another Peer than the connection's"));
@@ -147,7 +145,6 @@ RPMAPP_DECL expected<void> attach_shared_queues(const char* call, ConnectionCore
   }
   core.srq = shared.srq;
   core.shared_cq = shared.cq;
-  core.config.shared_event_channel = nullptr;
   core.events = shared.events;
   return {};
 }
@@ -175,7 +172,7 @@ RPMAPP_DECL expected<void> open_event_channel(ConnectionCore& core) noexcept {
   return made;
 }
 
-RPMAPP_DECL expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, std::uint32_t size,
+RPMAPP_DECL expected<void> open_cq(ConnectionCore& core, decltype(ConnectionCore::cq)& out, std::uint32_t size,
                                    ibv_comp_channel* channel) noexcept {
   if (reuses_cqs(core)) {
     if (ibv_cq* spare = core.peer->take_spare_cq(size, core.config.completion_vector)) {
@@ -183,7 +180,10 @@ RPMAPP_DECL expected<void> open_cq(ConnectionCore& core, CompletionQueue& out, s
       return {};
     }
   }
-  return make_cq(out, core.id->verbs, size, channel, core.config.completion_vector);
+  CompletionQueue made;
+  auto ok = make_cq(made, core.id->verbs, size, channel, core.config.completion_vector);
+  if (ok) out.reset(made.release());
+  return ok;
 }
 
 RPMAPP_DECL expected<void> check_private_data(const char* call, std::span<const std::byte> data,
@@ -199,6 +199,13 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
   if (cfg.completion_vector > 0 && cfg.completion_vector >= verbs->num_comp_vectors)
     return fail(invalid("ConnConfig", "completion_vector {} is not below the device's {} vectors",
                         cfg.completion_vector, verbs->num_comp_vectors));
+  // into the core's handles, which keep no provider of their own
+  auto open_comp_channel = [verbs](decltype(ConnectionCore::comp_channel)& out) -> expected<void> {
+    CompChannel made;
+    auto ok = make_comp_channel(made, verbs);
+    if (ok) out.reset(made.release());
+    return ok;
+  };
   ibv_cq* send_cq = nullptr;
   if (core.shared_cq) {
     if (core.shared_cq->peer->context != verbs)
@@ -207,7 +214,7 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
     send_cq = core.shared_cq->cq.get();
   } else {
     if (cfg.completion_channel)
-      if (auto ok = make_comp_channel(core.comp_channel, verbs); !ok) return ok;
+      if (auto ok = open_comp_channel(core.comp_channel); !ok) return ok;
     if (auto ok = open_cq(core, core.cq, cfg.cq_size, core.comp_channel.get()); !ok) return ok;
     send_cq = core.cq.get();
   }
@@ -215,7 +222,7 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
   if (cfg.rcq_size > 0 && !srq_has_cq) {
     ibv_comp_channel* channel = core.comp_channel.get();
     if (cfg.completion_channel && !cfg.shared_completion_channel) {
-      if (auto ok = make_comp_channel(core.rcq_channel, verbs); !ok) return ok;
+      if (auto ok = open_comp_channel(core.rcq_channel); !ok) return ok;
       channel = core.rcq_channel.get();
     }
     if (auto ok = open_cq(core, core.rcq, cfg.rcq_size, channel); !ok) return ok;
@@ -262,33 +269,39 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
   core.max_inline_data = attr.cap.max_inline_data;
   // Routed before anything can complete: the queue pair is not connected yet.
   if (core.shared_cq)
-    if (auto ok = core.shared_cq->routes.add(p, send_cq, core.qp_num, core.conn_id, &core.path); !ok) return ok;
+    if (auto ok = core.shared_cq->routes.add(p, send_cq, core.qp_num, core.path); !ok) return ok;
   if (srq_has_cq)
-    if (auto ok = core.srq->routes.add(p, core.srq->rcq.get(), core.qp_num, core.conn_id, &core.path); !ok)
+    if (auto ok = core.srq->routes.add(p, core.srq->rcq.get(), core.qp_num, core.path); !ok)
       return ok;
   return {};
 }
 
 RPMAPP_DECL rdma_conn_param conn_param(std::span<const std::byte> private_data,
-                                       const ConnConfig& cfg) noexcept {
+                                       const ConnSettings& settings) noexcept {
   rdma_conn_param param{};
   param.private_data = private_data.empty() ? nullptr : private_data.data();
   param.private_data_len = static_cast<std::uint8_t>(private_data.size());
   param.responder_resources = RDMA_MAX_RESP_RES;
   param.initiator_depth = RDMA_MAX_INIT_DEPTH;
   param.flow_control = 1;
-  param.retry_count = cfg.retry_count;
-  param.rnr_retry_count = cfg.rnr_retry_count;
+  param.retry_count = settings.retry_count;
+  param.rnr_retry_count = settings.rnr_retry_count;
   return param;
 }
 
-RPMAPP_DECL void store_private_data(std::vector<std::byte>& out, const rdma_cm_event& event) {
+RPMAPP_DECL void ReceivedPrivateData::store(const rdma_cm_event& event) {
   const auto* data = static_cast<const std::byte*>(event.param.conn.private_data);
-  if (data == nullptr) {
-    out.clear();
-    return;
+  const std::uint8_t size = data != nullptr ? event.param.conn.private_data_len : 0;
+  ReceivedPrivateData made;
+  if (std::all_of(data, data + size, [](std::byte b) { return b == std::byte{0}; })) {
+    made.bits_ = (std::uintptr_t{size} << 1) | 1;
+  } else {
+    auto* copy = new std::byte[1 + std::size_t{size}];
+    copy[0] = std::byte{size};
+    std::copy(data, data + size, copy + 1);
+    made.bits_ = reinterpret_cast<std::uintptr_t>(copy);
   }
-  out.assign(data, data + event.param.conn.private_data_len);
+  swap(made);
 }
 
 RPMAPP_DECL expected<std::size_t> copy_out(const char* call, std::span<const std::byte> from,

@@ -5,26 +5,21 @@
 #include <rpmapp/detail/event_routes.hpp>
 
 #include <cerrno>
-#include <new>
 
 RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
-RPMAPP_DECL expected<void> EventRoutes::add(const rdma_cm_id* id, EventInbox& inbox) noexcept {
-  std::lock_guard lock(mutex);
-  try {
-    routes[id] = &inbox;
-  } catch (const std::bad_alloc&) {
-    return fail(Error(errc::nomem, ENOMEM, "SharedEventChannel", "memory allocation failed routing a connection's events"));
-  }
-  return {};
+RPMAPP_DECL void EventRoutes::add(rdma_cm_id* id, EventInbox& inbox) noexcept {
+  std::lock_guard lock(mutex);  // a reader may be routing the channel's events
+  id->context = &inbox;
+  ++routed;
 }
 
-RPMAPP_DECL void EventRoutes::retire(const rdma_cm_id* id, EventInbox& inbox, FirstError& first) noexcept {
+RPMAPP_DECL void EventRoutes::retire(rdma_cm_id* id, EventInbox& inbox, FirstError& first) noexcept {
   std::lock_guard lock(mutex);
-  if (id != nullptr) {
-    auto found = routes.find(id);
-    if (found != routes.end() && found->second == &inbox) routes.erase(found);
+  if (id != nullptr && id->context == &inbox) {
+    id->context = nullptr;
+    --routed;
   }
   for (; inbox.count > 0; --inbox.count) {
     rdma_cm_event* event = inbox.events[inbox.head];
@@ -39,8 +34,7 @@ RPMAPP_DECL void EventRoutes::route(rdma_cm_event* event) noexcept {
   // every later call on the device's objects fails clearly (check_device), as next_cm_event
   if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL && event->id != nullptr)
     mark_device_removed(event->id->verbs);
-  auto found = routes.find(event->id);
-  EventInbox* inbox = found != routes.end() ? found->second : nullptr;
+  auto* inbox = event->id != nullptr ? static_cast<EventInbox*>(event->id->context) : nullptr;
   if (inbox == nullptr || inbox->count == EventInbox::capacity) [[unlikely]] {
     log_event(inbox == nullptr ? LogLevel::info : LogLevel::warning, "SharedEventChannel", event->event,
               inbox == nullptr ? "for a connection no longer on the channel: dropped"
@@ -95,31 +89,28 @@ RPMAPP_DECL expected<CmEvent> EventRoutes::next(const char* call, EventInbox& in
   }
 }
 
-RPMAPP_DECL std::size_t EventRoutes::pump_events(int max, const char* where) noexcept {
+RPMAPP_DECL bool EventRoutes::pump_events(int max, const char* where) noexcept {
   const Provider& p = *seam;
   std::lock_guard lock(mutex);
-  if (reading) return 0;  // that reader routes them
+  if (reading) return true;  // that reader routes them
   const Deadline now(Wait::none());
-  std::size_t routed = 0;
   for (int i = 0; i < max; ++i) {
     int empty_read = 0;
     CmReadFailure failed;
     rdma_cm_event* event = poll_cm_event(channel.get(), now, p, empty_read, failed);
     if (failed.call != nullptr) [[unlikely]] {
       log(LogLevel::warning, where, provider_error(failed.call, failed.sys_errno));
-      for (auto& [id, inbox] : routes)  // rare: the cost of a walk is fine here
-        if (inbox->waiter != nullptr) inbox->waiter->events_routed();
+      return false;
     }
     if (event == nullptr) break;
     route(event);
-    ++routed;
   }
-  return routed;
+  return true;
 }
 
 RPMAPP_DECL std::size_t EventRoutes::size() const noexcept {
   std::lock_guard lock(mutex);
-  return routes.size();
+  return routed;
 }
 
 }  // namespace detail

@@ -285,7 +285,7 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   if (listener.removed) return fail(removed_device_error("rdma_get_cm_event", listener.id->verbs));
   auto core = std::make_unique<ConnectionCore>();
   core->teardown = {call, LogLevel::notice};  // until a ConnReq owns it
-  core->config = config;
+  core->config = settings_of(config);
   const Deadline deadline(wait);
   auto event = next_cm_event(listener.channel.get(), deadline);
   // A bonding failover under the address (ADDR_CHANGE) leaves the listener serving
@@ -310,8 +310,9 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
     }
     return fail(invalid(call, "unexpected event {} on a listening endpoint", event_name(type)));
   }
-  core->id = CmId((*event)->id, CmIdDeleter{true});
-  store_private_data(core->private_data, **event);
+  core->id.reset((*event)->id);
+  core->reject_unanswered = true;
+  core->private_data.store(**event);
   const std::string_view device = device_name(core->id->verbs);
   const PeerState* same_name = nullptr;
   drop_removed_peers(listener);
@@ -328,7 +329,6 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   if (!core->peer)
     return fail(invalid(call, "a request arrived on device {}, for which the endpoint has no peer",
                         device));
-  core->device = device;
   if (config.own_protection_domain) {
     auto own = own_domain(call, *core->peer);
     if (!own) return fail(own.error());
@@ -340,7 +340,7 @@ RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> accept_request(const char*
   if (auto ok = open_event_channel(*core); !ok) return fail(ok.error());
   // Routed before the move: the id's next event may come at once.
   if (core->events)
-    if (auto routed = core->events->add(core->id.get(), core->inbox); !routed) return fail(routed.error());
+    core->events->add(core->id.get(), core->inbox);
   errno = 0;
   if (provider().migrate_id(core->id.get(), event_channel_of(*core)) != 0)
     return fail(provider_error("rdma_migrate_id", errno));

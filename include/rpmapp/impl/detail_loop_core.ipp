@@ -24,8 +24,16 @@ struct EventPump final : Waiter {
   std::shared_ptr<EventRoutes> routes;  // keeps the channel open while in the epoll set
   long users = 0;
   // Routing wakes the waiters of the inboxes it fills (posted: they run after this).
-  void ready(std::uint32_t) noexcept override { routes->pump_events(LoopCore::batch, "EventLoop (shared event channel)"); }
+  // After a failed read every waiter of this channel looks again (a rare walk).
+  void ready(std::uint32_t) noexcept override {
+    if (!routes->pump_events(LoopCore::batch, "EventLoop (shared event channel)")) loop->signal_routed(this);
+  }
 };
+
+RPMAPP_DECL void LoopCore::signal_routed(const Waiter* pump) noexcept {
+  for (Waiter* w = routed; w != nullptr; w = w->routed_next)
+    if (w->pump == pump) post_signal(*w);
+}
 
 RPMAPP_DECL void Waiter::events_routed() noexcept {
   if (loop != nullptr) loop->post_signal(*this);
@@ -115,7 +123,7 @@ RPMAPP_DECL LoopCore::~LoopCore() {
     w->loop = nullptr;
     w->loop_gone();
   }
-  while (Waiter* w = timers) {
+  while (TimedWaiter* w = timers) {
     clear_deadline(*w);
     w->loop = nullptr;
     w->loop_gone();
@@ -150,9 +158,9 @@ RPMAPP_DECL expected<void> LoopCore::add(Waiter& w, int fd, std::uint32_t events
   }
   free_slots.pop_back();
   slots[index].waiter = &w;
+  slots[index].fd = fd;
   w.loop = this;
   w.slot = index;
-  w.fd = fd;
   return {};
 }
 
@@ -183,19 +191,19 @@ RPMAPP_DECL void LoopCore::unwatch(Waiter& w) noexcept {
     }
   }
   if (w.slot != Waiter::no_slot) {
-    errno = 0;
-    if (seam->epoll_ctl(epfd, EPOLL_CTL_DEL, w.fd, nullptr) != 0)
-      log(LogLevel::warning, "EventLoop", provider_error("epoll_ctl", errno, "removing a watched fd"));
     Slot& s = slots[w.slot];
+    errno = 0;
+    if (seam->epoll_ctl(epfd, EPOLL_CTL_DEL, s.fd, nullptr) != 0)
+      log(LogLevel::warning, "EventLoop", provider_error("epoll_ctl", errno, "removing a watched fd"));
     s.waiter = nullptr;
+    s.fd = -1;
     ++s.generation;
     free_slots.push_back(w.slot);  // reserved: never throws
     w.slot = Waiter::no_slot;
-    w.fd = -1;
   }
 }
 
-RPMAPP_DECL void LoopCore::set_deadline(Waiter& w, Waiter::clock::time_point when) noexcept {
+RPMAPP_DECL void LoopCore::set_deadline(TimedWaiter& w, Waiter::clock::time_point when) noexcept {
   clear_deadline(w);
   w.loop = this;
   w.timed = true;
@@ -205,8 +213,9 @@ RPMAPP_DECL void LoopCore::set_deadline(Waiter& w, Waiter::clock::time_point whe
   timers = &w;
 }
 
-RPMAPP_DECL void LoopCore::clear_deadline(Waiter& w) noexcept {
-  if (!w.timed) return;
+RPMAPP_DECL void LoopCore::clear_deadline(Waiter& waiter) noexcept {
+  if (!waiter.timed) return;
+  auto& w = static_cast<TimedWaiter&>(waiter);  // only set_deadline sets `timed`
   if (w.timer_prev != nullptr) w.timer_prev->timer_next = w.timer_next;
   else timers = w.timer_next;
   if (w.timer_next != nullptr) w.timer_next->timer_prev = w.timer_prev;
@@ -327,8 +336,8 @@ RPMAPP_DECL void LoopCore::cancel_awaiters() noexcept {
   stopping = true;
   for (std::size_t i = 0; i < slots.size(); ++i)
     if (Waiter* w = slots[i].waiter) w->loop_stopping();
-  for (Waiter* w = timers; w != nullptr;) {
-    Waiter* next = w->timer_next;
+  for (TimedWaiter* w = timers; w != nullptr;) {
+    TimedWaiter* next = w->timer_next;
     w->loop_stopping();
     w = next;
   }
@@ -357,7 +366,7 @@ RPMAPP_DECL void LoopCore::wake() noexcept {
 
 RPMAPP_DECL Waiter::clock::time_point LoopCore::earliest() const noexcept {
   auto when = Waiter::clock::time_point::max();
-  for (const Waiter* w = timers; w != nullptr; w = w->timer_next) when = std::min(when, w->deadline);
+  for (const TimedWaiter* w = timers; w != nullptr; w = w->timer_next) when = std::min(when, w->deadline);
   return when;
 }
 
@@ -365,8 +374,8 @@ RPMAPP_DECL std::size_t LoopCore::expire() noexcept {
   if (timers == nullptr) return 0;
   const auto now = Waiter::clock::now();
   std::size_t ran = 0;
-  for (Waiter* w = timers; w != nullptr;) {
-    Waiter* next = w->timer_next;
+  for (TimedWaiter* w = timers; w != nullptr;) {
+    TimedWaiter* next = w->timer_next;
     if (w->deadline <= now) {
       remove(*w);
       w->timed_out();  // posts what it resumes: no user code runs here
@@ -386,7 +395,9 @@ RPMAPP_DECL std::size_t LoopCore::run_posted() noexcept {
     w->posted = false;
     w->post_next = nullptr;
     ++dispatch_depth;  // a coroutine resumed here is inside the loop too (no nested run)
-    if (std::exchange(w->signalled, false)) {
+    const bool signalled = w->signalled;
+    w->signalled = false;
+    if (signalled) {
       try {
         w->ready(EPOLLIN);
       } catch (...) {
