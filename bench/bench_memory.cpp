@@ -17,8 +17,11 @@
 // peak RSS (the listener's RSS is the peak's start), and for the anonymous part of RSS (the
 // heap, where each library keeps its state per connection; the rest is mostly rxe's rings,
 // mapped from /dev/infiniband/uverbs*, 16 KiB a connection for all three); and the open fds
-// per connection; and the accept rate around 100, 1,000 and 10,000 established (the
-// client's clock: one raw client keeps `inflight` requests going).
+// per connection; and the accept rate at 100, 1,000 and 10,000 established: a batch of
+// 600 more connections on top of k, 500 of them timed on the client's clock (one raw
+// client keeps `inflight` requests going), and the server thread's CPU time per
+// connection over the same ones (RatePoint); and, as before, the rate between k/2 and k
+// while the N are made ("conn/s filling").
 // Usage: bench_memory [reps] [N]               reps rounds, the three servers in a rotating
 //                                               order, each in its own process
 //        bench_memory server VARIANT N REP     one measurement (prints its R lines)
@@ -46,6 +49,33 @@ constexpr std::array<const char*, 5> memory_variants = {"rpmapp", "rpmapp-shared
 /// Each variant on its own port, so that a late teardown of one cannot meet the next.
 constexpr int port_base = 7491;
 constexpr int inflight = 16;
+
+/// The accept rate at k established (k = 100, 1,000 and 10,000, up to N): once the client
+/// holds k connections it makes a batch of `size` more, `inflight` at a time, and times
+/// the last `size - skipped` of them (hundreds, where the rate between k/2 and k
+/// established, 50 connections at k = 100, swung 2x between repetitions); then it
+/// disconnects the batch and goes on once its connections are closed. At k = N this runs
+/// after the server has read its memory.
+struct RatePoint {
+  static constexpr int size = 600;
+  static constexpr int skipped = 100;
+  int k;
+  /// The server's established count at the first and at the last timed one: the
+  /// connections held, the ones still being set up when the batch began, and the batches
+  /// of the points before.
+  long server_from;
+  long server_to;
+};
+
+std::vector<RatePoint> rate_points(int n) {
+  std::vector<RatePoint> points;
+  for (int k : {100, 1000, 10000}) {
+    if (k > n) break;
+    const long base = k + std::min(inflight - 1, n - k) + static_cast<long>(RatePoint::size) * static_cast<long>(points.size());
+    points.push_back({k, base + RatePoint::skipped, base + RatePoint::size});
+  }
+  return points;
+}
 
 struct Status {
   long vm_rss_kib = 0;  // /proc/self/status: the kernel's counters
@@ -132,20 +162,26 @@ void await_exit(pid_t pid, const char* what) {
 
 /// N raw librdmacm connections on one non-blocking event channel, `inflight` being set up
 /// at a time; writes one byte to `ready` when all are established, waits for one byte on
-/// `go`, disconnects them all and releases them when they are closed. Prints the rate at
-/// which the server accepted them around 100, 1,000 and 10,000 established (the ones up to
-/// N): connections per second between k/2 and k established, so a per-connection cost
-/// that grows with the count shows as a falling rate.
+/// `go`, measures the rate at N if N is a rate point, disconnects them all and releases
+/// them when they are closed. Prints the rates (RatePoint) and, as before, the rate between
+/// k/2 and k established while filling.
 int run_client(const char* ip, const char* port, int n, int ready, int go, const char* variant, int rep) {
   allow_fds(static_cast<rlim_t>(n) + 64);
   rdma_event_channel* ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
   set_nonblocking(ch->fd);
   ibv_pd* pd = nullptr;
   ibv_cq* cq = nullptr;
-  std::vector<rdma_cm_id*> ids;
+  std::vector<rdma_cm_id*> ids;  // the ones kept
   int started = 0, established = 0, closed = 0;
   std::vector<std::chrono::steady_clock::time_point> at(static_cast<std::size_t>(n) + 1);  // [k]: k established
-  auto launch = [&] {
+  static int batch_tag;  // a batch id's context
+  const std::vector<RatePoint> points = rate_points(n);
+  std::size_t point = 0;  // the next rate point
+  bool in_batch = false;
+  int batch_started = 0, batch_established = 0, batch_closed = 0;
+  std::vector<std::chrono::steady_clock::time_point> batch_at(RatePoint::size + 1);
+  std::vector<rdma_cm_id*> batch_ids;
+  auto launch = [&](bool batched) {
     rdma_addrinfo hints{};
     hints.ai_flags = RAI_NUMERICHOST;
     hints.ai_port_space = RDMA_PS_TCP;
@@ -153,11 +189,39 @@ int run_client(const char* ip, const char* port, int n, int ready, int go, const
     rdma_addrinfo* ai = nullptr;
     check(rdma_getaddrinfo(ip, port, &hints, &ai), "rdma_getaddrinfo");
     rdma_cm_id* id = nullptr;
-    check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), "rdma_create_id");
+    check(rdma_create_id(ch, &id, batched ? &batch_tag : nullptr, RDMA_PS_TCP), "rdma_create_id");
     check(rdma_resolve_addr(id, ai->ai_src_addr, ai->ai_dst_addr, 2000), "rdma_resolve_addr");
     rdma_freeaddrinfo(ai);
-    ids.push_back(id);
-    ++started;
+    if (batched) {
+      batch_ids.push_back(id);
+      ++batch_started;
+    } else {
+      ids.push_back(id);
+      ++started;
+    }
+  };
+  auto start_batch = [&] {
+    in_batch = true;
+    batch_started = batch_established = 0;
+    launch(true);
+  };
+  // After a connection is established: keeps `inflight` going, a batch's while a rate
+  // point is measured, then the rest of the N.
+  auto launch_next = [&] {
+    if (in_batch) {
+      if (batch_started < RatePoint::size) launch(true);
+    } else if (started < n) {
+      launch(false);
+    }
+  };
+  // The whole batch established: the rate; then they are disconnected.
+  auto end_batch = [&] {
+    const std::chrono::duration<double> took = batch_at[RatePoint::size] - batch_at[RatePoint::skipped];
+    std::printf("R\tmemory\tN=%d, at %d\tconn/s\t%s\t%d\t%.6g\n", n, points[point].k, variant, rep,
+                (RatePoint::size - RatePoint::skipped) / took.count());
+    ++point;
+    for (rdma_cm_id* id : batch_ids) check(rdma_disconnect(id), "rdma_disconnect");
+    batch_ids.clear();
   };
   // Drains the channel; returns when `done()` holds.
   auto pump = [&](auto done) {
@@ -173,6 +237,7 @@ int run_client(const char* ip, const char* port, int n, int ready, int go, const
         rdma_cm_id* id = e->id;
         const rdma_cm_event_type type = e->event;
         const int status = e->status;
+        const bool batched = id->context == &batch_tag;
         rdma_ack_cm_event(e);
         switch (type) {
           case RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -190,12 +255,30 @@ int run_client(const char* ip, const char* port, int n, int ready, int go, const
             break;
           }
           case RDMA_CM_EVENT_ESTABLISHED:
-            ++established;
-            at[static_cast<std::size_t>(established)] = std::chrono::steady_clock::now();
-            if (started < n) launch();
+            if (batched) {
+              batch_at[static_cast<std::size_t>(++batch_established)] = std::chrono::steady_clock::now();
+              if (batch_established == RatePoint::size) {
+                end_batch();
+                break;
+              }
+            } else {
+              ++established;
+              at[static_cast<std::size_t>(established)] = std::chrono::steady_clock::now();
+              if (point < points.size() && points[point].k == established && established < n) start_batch();
+            }
+            launch_next();
             break;
           case RDMA_CM_EVENT_DISCONNECTED:
-            ++closed;
+            if (!batched) {
+              ++closed;
+              break;
+            }
+            rdma_destroy_qp(id);
+            check(rdma_destroy_id(id), "rdma_destroy_id");
+            if (++batch_closed % RatePoint::size == 0) {  // the batch is gone: the filling resumes
+              in_batch = false;
+              for (int i = 0; i < inflight && started < n; ++i) launch(false);
+            }
             break;
           case RDMA_CM_EVENT_TIMEWAIT_EXIT:  // a disconnected QP left time-wait: nothing to do
             break;
@@ -206,19 +289,26 @@ int run_client(const char* ip, const char* port, int n, int ready, int go, const
       }
     }
   };
-  for (int i = 0; i < inflight && started < n; ++i) launch();
-  pump([&] { return established == n; });
+  for (int i = 0; i < inflight && started < n; ++i) launch(false);
+  pump([&] { return established == n && !in_batch; });
   for (int k : {100, 1000, 10000}) {
     if (k > n) break;
     const std::chrono::duration<double> took = at[static_cast<std::size_t>(k)] - at[static_cast<std::size_t>(k / 2)];
-    std::printf("R\tmemory\tN=%d, at %d\tconn/s\t%s\t%d\t%.6g\n", n, k, variant, rep, (k - k / 2) / took.count());
+    std::printf("R\tmemory\tN=%d, at %d\tconn/s filling\t%s\t%d\t%.6g\n", n, k, variant, rep,
+                (k - k / 2) / took.count());
   }
   std::fflush(stdout);
   char byte = 'r';
   if (write(ready, &byte, 1) != 1) die("client: write", std::strerror(errno));
   if (read(go, &byte, 1) != 1) die("client: read", "the server went away");
+  if (point < points.size()) {  // N itself is a rate point: measured after the server's memory
+    start_batch();
+    for (int i = 1; i < inflight; ++i) launch(true);
+    pump([&] { return !in_batch; });
+    std::fflush(stdout);
+  }
   for (rdma_cm_id* id : ids) check(rdma_disconnect(id), "rdma_disconnect");
-  pump([&] { return closed == n; });
+  pump([&] { return closed == n && batch_closed == RatePoint::size * static_cast<int>(points.size()); });
   for (rdma_cm_id* id : ids) {
     rdma_destroy_qp(id);
     check(rdma_destroy_id(id), "rdma_destroy_id");
@@ -233,7 +323,8 @@ int run_client(const char* ip, const char* port, int n, int ready, int go, const
 
 /// Only the variant's own library is set up in its process (besides what linking loads).
 int run_server(const char* ip, const std::string& variant, int n, int rep) {
-  allow_fds(3 * static_cast<rlim_t>(n) + 64);  // librpma: an event and a completion channel each
+  // librpma: an event and a completion channel each, also for a rate point's batch
+  allow_fds(3 * static_cast<rlim_t>(n + RatePoint::size) + 64);
   std::size_t index = 0;
   while (index < memory_variants.size() && variant != memory_variants[index]) ++index;
   if (index == memory_variants.size()) die("variant", variant);
@@ -267,6 +358,10 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
   } else {
     server = std::make_unique<RawServer>(ip, port.c_str(), variant == "hand-shared");
   }
+  const std::vector<RatePoint> points = rate_points(n);
+  std::vector<long> cpu_counts;
+  for (const RatePoint& c : points) cpu_counts.insert(cpu_counts.end(), {c.server_from, c.server_to});
+  server->time_cpu_at(cpu_counts);
   server->start();
 
   // The client inherits only its ends (so that it sees EOF on `go` if the server dies).
@@ -285,14 +380,21 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
     await_exit(client, "the client");
     die("the client", "ended before all connections were established");
   }
-  while (server->established() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Everything established, and the batches before N released.
+  const long batched_before = RatePoint::size * static_cast<long>(std::count_if(
+                                                 points.begin(), points.end(), [&](const RatePoint& c) { return c.k < n; }));
+  while (server->established() < n + batched_before || server->closed() < batched_before)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const Status full = read_status();
   const int fds_full = open_fds();
 
   if (write(go[1], &byte, 1) != 1) die("write", std::strerror(errno));
-  while (server->closed() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const long batched = RatePoint::size * static_cast<long>(points.size());
+  while (server->closed() < n + batched) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   await_exit(client, "the client");
   server->stop();
+  std::vector<long> cpu_ns;
+  for (std::size_t i = 0; i < cpu_counts.size(); ++i) cpu_ns.push_back(server->cpu_ns_at(i));
   server.reset();
   srq.reset();
   shared_cq.reset();
@@ -309,6 +411,12 @@ int run_server(const char* ip, const std::string& variant, int n, int rep) {
               static_cast<double>(full.anon_kib - alone.anon_kib) / n);
   std::printf("R\tmemory\t%s\tfds/conn\t%s\t%d\t%.6g\n", param.c_str(), variant.c_str(), rep,
               static_cast<double>(fds_full - fds_alone) / n);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    if (cpu_ns[2 * i] < 0 || cpu_ns[2 * i + 1] < 0) die("server", "CPU time not read");
+    const long ns = cpu_ns[2 * i + 1] - cpu_ns[2 * i];
+    std::printf("R\tmemory\tN=%d, at %d\tserver CPU us/conn\t%s\t%d\t%.6g\n", n, points[i].k, variant.c_str(),
+                rep, static_cast<double>(ns) / 1000.0 / static_cast<double>(points[i].server_to - points[i].server_from));
+  }
   std::fflush(stdout);
   std::fprintf(stderr,
                "bench_memory: %-7s rep %d: listener alone %ld KiB, with %d connections %ld KiB (VmRSS %ld -> %ld, "

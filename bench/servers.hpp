@@ -15,6 +15,7 @@
 #include <rdma/rdma_cma.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +24,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 namespace bench {
 
@@ -34,13 +36,36 @@ class Server {
   long closed() const { return closed_.load(std::memory_order_acquire); }
   /// Connections the server saw established (bench_memory waits for them).
   long established() const { return established_.load(std::memory_order_acquire); }
+  /// Before start(): the server thread reads its CPU time (CLOCK_THREAD_CPUTIME_ID) when
+  /// it counts the counts[i]-th connection established (counts ascending).
+  void time_cpu_at(std::vector<long> counts) {
+    cpu_counts_ = std::move(counts);
+    cpu_ns_.assign(cpu_counts_.size(), -1);
+  }
+  /// The CPU time read at counts[i], in ns; valid once established() >= counts[i].
+  long cpu_ns_at(std::size_t i) const { return cpu_ns_[i]; }
   virtual void start() = 0;
   /// Returns when the server thread has ended (connections still open stay open).
   virtual void stop() = 0;
 
  protected:
+  /// Called on the server thread for each connection established.
+  void count_established() {
+    const long count = established_.load(std::memory_order_relaxed) + 1;
+    if (next_cpu_ < cpu_counts_.size() && cpu_counts_[next_cpu_] == count) {
+      timespec t{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      cpu_ns_[next_cpu_++] = t.tv_sec * 1'000'000'000L + t.tv_nsec;
+    }
+    established_.store(count, std::memory_order_release);  // publishes the CPU time too
+  }
   std::atomic<long> closed_{0};
+
+ private:
   std::atomic<long> established_{0};
+  std::vector<long> cpu_counts_;
+  std::vector<long> cpu_ns_;
+  std::size_t next_cpu_ = 0;
 };
 
 /// The epoll loop and the stop signal; Derived::on_ready(epoll_event) handles readiness.
@@ -124,7 +149,7 @@ class RpmappServer : public ServerBase {
     auto ev = it->second.try_next_event();
     if (!ev && ev.error() == rpmapp::errc::no_event) return;  // e.g. a TIMEWAIT_EXIT taken
     const auto what = must(std::move(ev), "Conn::next_event");
-    if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
+    if (what == rpmapp::ConnEvent::established) count_established();
     if (what == rpmapp::ConnEvent::closed) {
       del(fd);
       must(std::move(it->second).close(), "Conn::close");
@@ -167,7 +192,7 @@ class LibrpmaServer : public ServerBase {
     if (it == conns_.end()) return;
     rpma_conn_event ev{};
     check(rpma_conn_next_event(it->second, &ev), "rpma_conn_next_event");
-    if (ev == RPMA_CONN_ESTABLISHED) established_.fetch_add(1, std::memory_order_release);
+    if (ev == RPMA_CONN_ESTABLISHED) count_established();
     if (ev == RPMA_CONN_CLOSED) {
       del(fd);
       check(rpma_conn_delete(&it->second), "rpma_conn_delete");
@@ -257,7 +282,7 @@ class RawServer : public RawListeningServer {
         }
         case RDMA_CM_EVENT_ESTABLISHED:
           rdma_ack_cm_event(e);
-          established_.fetch_add(1, std::memory_order_release);
+          count_established();
           break;
         case RDMA_CM_EVENT_DISCONNECTED: {
           rdma_ack_cm_event(e);
@@ -329,7 +354,7 @@ class PooledRawServer : public RawListeningServer {
           break;
         }
         case RDMA_CM_EVENT_ESTABLISHED:
-          established_.fetch_add(1, std::memory_order_release);
+          count_established();
           break;
         case RDMA_CM_EVENT_DISCONNECTED: {
           auto* q = static_cast<PooledQueues*>(id->context);
@@ -394,7 +419,7 @@ class CallbackServer : public Server {
   }
   void on_event(Slot at, rpmapp::expected<rpmapp::ConnEvent> ev) {
     const auto what = must(std::move(ev), "EventLoop::watch handler");
-    if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
+    if (what == rpmapp::ConnEvent::established) count_established();
     if (what != rpmapp::ConnEvent::closed) return;
     at->watching.reset();  // inside its own handler: not called again
     must(std::move(at->conn).close(), "Conn::close");
@@ -447,7 +472,7 @@ class CoroutineServer : public Server {
       auto ev = co_await loop_.next_event(conn);
       if (!ev && stopped(ev.error())) co_return;
       const auto what = must(std::move(ev), "EventLoop::next_event");
-      if (what == rpmapp::ConnEvent::established) established_.fetch_add(1, std::memory_order_release);
+      if (what == rpmapp::ConnEvent::established) count_established();
       if (what == rpmapp::ConnEvent::closed) {
         must(std::move(conn).close(), "Conn::close");
         closed_.fetch_add(1, std::memory_order_release);
