@@ -581,12 +581,14 @@ TEST_CASE("log: a handle released by its own deleter names the handle", "[log][h
                               warning("detail::MemoryRegion", "ibv_dereg_mr"),
                               warning("detail::ProtectionDomain", "ibv_dealloc_pd")});
   }
-  SECTION("a CM event, and a cm_id rejected first") {
+  SECTION("a CM event before its cm_id, and an owner's cm_id released by its backstop") {
     {
       detail::EventChannel events(p.create_event_channel());
       rdma_cm_id* raw = nullptr;
       REQUIRE(p.create_id(events.get(), &raw, nullptr, RDMA_PS_TCP) == 0);
-      detail::CmId id(raw, detail::CmIdDeleter{true});
+      detail::OwnedCmId owned(raw);
+      REQUIRE(p.create_id(events.get(), &raw, nullptr, RDMA_PS_TCP) == 0);
+      detail::CmId id(raw);
       sockaddr_in dst{};
       dst.sin_family = AF_INET;
       dst.sin_port = htons(7471);
@@ -596,10 +598,12 @@ TEST_CASE("log: a handle released by its own deleter names the handle", "[log][h
       REQUIRE(p.get_cm_event(events.get(), &raw_event) == 0);
       detail::CmEvent event(raw_event);  // acknowledged before the id is destroyed
       fake.fail("rdma_ack_cm_event", kErr);
-      fake.fail("rdma_reject", kErr);
+      fake.fail("rdma_destroy_id", kErr);
+      fake.fail("rdma_destroy_id", kErr);
     }
     CHECK(capture.take() == std::vector<Record>{warning("detail::CmEvent", "rdma_ack_cm_event"),
-                                                warning("detail::CmId", "rdma_reject")});
+                                                warning("detail::CmId", "rdma_destroy_id"),
+                                                warning("detail::CmId", "rdma_destroy_id")});
   }
   fake.expect_clean();
   CHECK(capture.take().empty());

@@ -95,16 +95,16 @@ struct ConnectionCore {
   /// ConnConfig::shared_event_channel's (then `channel` is empty and the id's events come
   /// through `inbox`), or none.
   std::shared_ptr<EventRoutes> events;
-  std::unique_ptr<rdma_event_channel, EventChannelDeleterOf<CurrentProvider>> channel;
+  OwnedEventChannel channel;
   EventInbox inbox;
-  std::unique_ptr<rdma_cm_id, OwnedCmIdDeleter> id;
+  OwnedCmId id;
   // the CQ's, or the one both CQs share (none: completion_channel off)
-  std::unique_ptr<ibv_comp_channel, CompChannelDeleterOf<CurrentProvider>> comp_channel;
+  OwnedCompChannel comp_channel;
   // the receive CQ's own (not shared)
-  std::unique_ptr<ibv_comp_channel, CompChannelDeleterOf<CurrentProvider>> rcq_channel;
-  std::unique_ptr<ibv_cq, CqDeleterOf<CurrentProvider>> cq;
-  std::unique_ptr<ibv_cq, CqDeleterOf<CurrentProvider>> rcq;
-  std::unique_ptr<rdma_cm_id, QpDeleterOf<CurrentProvider>> qp;
+  OwnedCompChannel rcq_channel;
+  OwnedCompletionQueue cq;
+  OwnedCompletionQueue rcq;
+  OwnedQueuePair qp;
   std::uint32_t qp_num = 0;  // the queue pair's, kept to retire its routes after it is gone
   std::uint32_t max_inline_data = 0;  // as the queue pair was created
   ReceivedPrivateData private_data;
@@ -227,7 +227,7 @@ inline expected<CmEvent> next_event_of(const char* call, ConnectionCore& core, c
 /// A CQ of `size` entries for `core` on `channel` (null without completion_channel): one of
 /// its peer's spares with reuse_completion_queues (which has no channel), else a new one.
 /// Errors: provider (ibv_create_cq, ibv_req_notify_cq).
-expected<void> open_cq(ConnectionCore& core, decltype(ConnectionCore::cq)& out, std::uint32_t size,
+expected<void> open_cq(ConnectionCore& core, OwnedCompletionQueue& out, std::uint32_t size,
                        ibv_comp_channel* channel) noexcept;
 
 expected<void> check_private_data(const char* call, std::span<const std::byte> data,

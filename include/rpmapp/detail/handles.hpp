@@ -86,23 +86,21 @@ struct EventChannelDeleterOf : Seam {
 using EventChannelDeleter = EventChannelDeleterOf<CapturedProvider>;
 using EventChannel = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
 
-/// Destroys a cm_id; an incoming request that was never accepted is rejected first
-/// (librpma only rejects, and leaks the id).
-struct CmIdDeleter {
-  bool reject_first = false;
-  const Provider* seam = current_provider;
+/// rdma_destroy_id through `p`, a failure logged under `by`.
+void destroy_cm_id(const Provider& p, rdma_cm_id* id, const Teardown& by) noexcept;
+
+/// Destroys a cm_id; `by` may be changed while the handle lives (a call that gives up
+/// with an error logs the failed destroy as a notice).
+struct CmIdDeleter : CapturedProvider {
   Teardown by{"detail::CmId", LogLevel::warning};
-  void operator()(rdma_cm_id* id) const noexcept;
+  void operator()(rdma_cm_id* id) const noexcept { destroy_cm_id(provider(), id, by); }
 };
 using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
 
 /// The backstop of a cm_id whose owner releases it itself (ConnectionCore, which also
 /// rejects an unanswered request first): it only destroys the id.
 struct OwnedCmIdDeleter : CurrentProvider {
-  void operator()(rdma_cm_id* id) const noexcept {
-    errno = 0;
-    log_errno_release(by, provider().destroy_id(id), "rdma_destroy_id");
-  }
+  void operator()(rdma_cm_id* id) const noexcept { destroy_cm_id(provider(), id, by); }
   static constexpr Teardown by{"detail::CmId", LogLevel::warning};
 };
 
@@ -155,6 +153,14 @@ struct QpDeleterOf : Seam {
 };
 using QpDeleter = QpDeleterOf<CapturedProvider>;
 using QueuePairOf = std::unique_ptr<rdma_cm_id, QpDeleter>;
+
+// The handles of an owner that releases them itself (ConnectionCore): their deleters
+// take no room (CurrentProvider).
+using OwnedEventChannel = std::unique_ptr<rdma_event_channel, EventChannelDeleterOf<CurrentProvider>>;
+using OwnedCmId = std::unique_ptr<rdma_cm_id, OwnedCmIdDeleter>;
+using OwnedCompChannel = std::unique_ptr<ibv_comp_channel, CompChannelDeleterOf<CurrentProvider>>;
+using OwnedCompletionQueue = std::unique_ptr<ibv_cq, CqDeleterOf<CurrentProvider>>;
+using OwnedQueuePair = std::unique_ptr<rdma_cm_id, QpDeleterOf<CurrentProvider>>;
 
 struct MrDeleter : CapturedProvider {
   void operator()(ibv_mr* mr) const noexcept {

@@ -172,7 +172,7 @@ RPMAPP_DECL expected<void> open_event_channel(ConnectionCore& core) noexcept {
   return made;
 }
 
-RPMAPP_DECL expected<void> open_cq(ConnectionCore& core, decltype(ConnectionCore::cq)& out, std::uint32_t size,
+RPMAPP_DECL expected<void> open_cq(ConnectionCore& core, OwnedCompletionQueue& out, std::uint32_t size,
                                    ibv_comp_channel* channel) noexcept {
   if (reuses_cqs(core)) {
     if (ibv_cq* spare = core.peer->take_spare_cq(size, core.config.completion_vector)) {
@@ -200,7 +200,7 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
     return fail(invalid("ConnConfig", "completion_vector {} is not below the device's {} vectors",
                         cfg.completion_vector, verbs->num_comp_vectors));
   // into the core's handles, which keep no provider of their own
-  auto open_comp_channel = [verbs](decltype(ConnectionCore::comp_channel)& out) -> expected<void> {
+  auto open_comp_channel = [verbs](OwnedCompChannel& out) -> expected<void> {
     CompChannel made;
     auto ok = make_comp_channel(made, verbs);
     if (ok) out.reset(made.release());

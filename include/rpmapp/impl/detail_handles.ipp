@@ -1,4 +1,4 @@
-// The definitions of rpmapp/detail/handles.hpp: release logging, FirstError, the cm_id deleter.
+// The definitions of rpmapp/detail/handles.hpp: release logging, FirstError, destroy_cm_id.
 #pragma once
 
 #include <rpmapp/detail/handles.hpp>
@@ -29,13 +29,9 @@ RPMAPP_DECL void FirstError::note(const Error& e) noexcept {
   log(less_severe(by.level), by.where, e);
 }
 
-RPMAPP_DECL void CmIdDeleter::operator()(rdma_cm_id* id) const noexcept {
-  if (reject_first) {
-    errno = 0;
-    log_errno_release(by, seam->reject(id, nullptr, 0), "rdma_reject");
-  }
+RPMAPP_DECL void destroy_cm_id(const Provider& p, rdma_cm_id* id, const Teardown& by) noexcept {
   errno = 0;
-  log_errno_release(by, seam->destroy_id(id), "rdma_destroy_id");
+  log_errno_release(by, p.destroy_id(id), "rdma_destroy_id");
 }
 
 }  // namespace detail

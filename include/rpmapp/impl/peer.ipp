@@ -185,8 +185,7 @@ RPMAPP_DECL expected<Peer> Peer::from_address(std::string_view addr, AddressKind
       if (detail::provider().create_id(nullptr, &raw, nullptr, RDMA_PS_TCP) != 0)
         return detail::fail(detail::provider_error("rdma_create_id", errno));
       // Destroyed on the way out: a failure there is logged (notice when this call fails).
-      detail::CmId id(raw, detail::CmIdDeleter{false, detail::current_provider,
-                                               {call, LogLevel::notice}});
+      detail::CmId id(raw, detail::CmIdDeleter{{}, {call, LogLevel::notice}});
       errno = 0;
       if (kind == AddressKind::local) {
         if (detail::provider().bind_addr(id.get(), where.get()) != 0)
