@@ -275,7 +275,7 @@ int run_client(const char* ip, const char* port, int n, int ready, int go, const
             }
             rdma_destroy_qp(id);
             check(rdma_destroy_id(id), "rdma_destroy_id");
-            if (++batch_closed % RatePoint::size == 0) {  // the batch is gone: the filling resumes
+            if (++batch_closed == RatePoint::size * static_cast<int>(point)) {  // the batch is gone: the filling resumes
               in_batch = false;
               for (int i = 0; i < inflight && started < n; ++i) launch(false);
             }
