@@ -549,6 +549,18 @@ TEST_CASE("a failing post: provider with the errno; ENOMEM says the queue is ful
       REQUIRE_FALSE(r);
       check_injected(r.error(), p.call, kErr);
       CHECK(posted_since(fake, b).empty());
+      // siw's provider returns the errno negated: the Error has it as an errno value.
+      fake.fail(p.call, -kErr);
+      auto negated = p.op();
+      REQUIRE_FALSE(negated);
+      check_injected(negated.error(), p.call, kErr);
+      CHECK(negated.error().message().find("errno -") == std::string::npos);
+      fake.fail(p.call, -ENOMEM);
+      auto full_negated = p.op();
+      REQUIRE_FALSE(full_negated);
+      CHECK(full_negated.error().sys_errno() == ENOMEM);
+      CHECK_THAT(full_negated.error().message(), Catch::Contains("queue is full"));
+      CHECK(posted_since(fake, b).empty());
     }
   }
   fake.expect_clean();

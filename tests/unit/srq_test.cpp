@@ -149,6 +149,11 @@ TEST_CASE("Srq::recv: the work request, bounds, usage, Peer and a full queue", "
     auto failed = srq->recv(mr, 0, 8);
     REQUIRE_FALSE(failed);
     check_injected(failed.error(), "ibv_post_srq_recv", kErr);
+    fake.fail("ibv_post_srq_recv", -ENOMEM);  // siw's provider: the errno negated
+    auto negated = srq->recv(mr, 0, 8);
+    REQUIRE_FALSE(negated);
+    CHECK(negated.error().sys_errno() == ENOMEM);
+    CHECK_THAT(negated.error().message(), Catch::Contains("queue is full"));
   }
   fake.expect_clean();
 }
