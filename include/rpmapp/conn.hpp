@@ -211,7 +211,8 @@ class Conn {
   }
   /// As write(), and the peer's receive completes with `imm` (read it with
   /// immediate(wc); it travels in network order, as librpma sends it). It consumes a
-  /// receive posted on the peer.
+  /// receive posted on the peer. Errors: also nosupp on an iWARP device, which has no
+  /// immediate data (the reason names the device); nothing is posted.
   expected<void> write_with_imm(const MrRemote& dst, std::size_t dst_offset, const MrLocal& src,
                                 std::size_t src_offset, std::size_t len, std::uint32_t imm,
                                 Completion when = Completion::always,
@@ -267,7 +268,7 @@ class Conn {
       return detail::fail(detail::moved_from("Conn::send"));
     return detail::send("Conn::send", *core_, src, offset, len, when, context, IBV_WR_SEND, 0);
   }
-  /// As send(), with immediate data `imm` (see write_with_imm).
+  /// As send(), with immediate data `imm` (see write_with_imm; nosupp on iWARP).
   expected<void> send_with_imm(const MrLocal& src, std::size_t offset, std::size_t len,
                                std::uint32_t imm, Completion when = Completion::always,
                                std::uint64_t context = 0) noexcept {
@@ -278,6 +279,8 @@ class Conn {
   }
   /// Posts a receive of up to `len` bytes into `dst` at `offset` (registered for recv). Its
   /// completion (always produced) lands in rcq() if the connection has one, else in cq().
+  /// A length of 0 receives an empty message (posted without a scatter/gather entry, as
+  /// librpma does; on iWARP, whose siw refuses that, with one of length 0).
   /// Errors: also inval on a connection with a shared receive queue (use Srq::recv).
   expected<void> recv(const MrLocal& dst, std::size_t offset, std::size_t len,
                       std::uint64_t context = 0) noexcept {

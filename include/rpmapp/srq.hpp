@@ -93,7 +93,7 @@ class Srq {
     auto sge = detail::recv_sge(call, dst, offset, len, state_->peer->pd.get());
     if (!sge) [[unlikely]]
       return detail::fail(sge.error());
-    return detail::post_srq_recv("Srq::recv", state_->srq.get(), *sge, context);
+    return detail::post_srq_recv("Srq::recv", state_->srq.get(), *sge, context, state_->peer->iwarp);
   }
 
   /// The queue's receive CQ; an empty Cq when it was created with rcq_size 0. Its

@@ -95,8 +95,8 @@ ibv_qp_init_attr qp_caps(const Conn& conn) {
 // the client turns them into `remote` and `remote_config`.
 struct Link {
   explicit Link(const ConnConfig& client_cfg = {}, const ConnConfig& server_cfg = {},
-                PeerConfig server_config = PeerConfig{true})
-      : ip(ip1()),
+                PeerConfig server_config = PeerConfig{true}, std::string device_ip = ip1())
+      : ip(std::move(device_ip)),
         server_peer(local_peer(ip)),
         client_peer(local_peer(ip)),
         ep(MUST(Endpoint::listen(server_peer, ip, "0"))),
@@ -251,6 +251,61 @@ TEST_CASE("send/recv and send_with_imm: the message lands in the posted receive,
   const ibv_wc got = next_wc(cq_of(link.server), "server");
   expect_done(got, IBV_WC_RECV, 0x4200);
   CHECK(got.byte_len == 0);
+  link.close();
+}
+
+TEST_CASE("on iWARP (siw0): private data at its exact length, writes, reads, messages of 0 bytes and "
+          "the emulated atomic write work; immediate data is nosupp naming the device",
+          "[data][iwarp]") {
+  Link link({}, {}, PeerConfig{true}, iwarp_ip());
+  const std::string device = env_or_fail("SOFTROCE_IWARP_DEV");
+  CHECK(MUST(link.client_peer.device_name()) == device);
+  CHECK_FALSE(MUST(link.client_peer.native_atomic_write()));
+  CHECK_FALSE(MUST(link.client_peer.memory_windows()));
+  CHECK(MUST(link.client_peer.grant_mode()) == rpmapp::GrantMode::registrations);
+  // MPA delivers the accept's private data at its length (IB CM pads it to 196 bytes).
+  CHECK(MUST(link.client.private_data()).size() == rpmapp::mr_descriptor_size + rpmapp::peer_config_descriptor_size);
+
+  for (std::size_t n : sizes) {
+    INFO("size " << n);
+    fill(link.client_mem, 21);
+    fill(link.server_mem, 22);
+    const Bytes expected = with_copy(link.server_mem, dst_offset, link.client_mem, src_offset, n);
+    MUST(link.client.write(link.remote, dst_offset, link.client_mr, src_offset, n, Completion::always, 0x6000 + n));
+    expect_done(next_wc(cq_of(link.client), "client"), IBV_WC_RDMA_WRITE, 0x6000 + n);
+    const Bytes before_read = link.client_mem;
+    MUST(link.client.read(link.client_mr, 0, link.remote, dst_offset, n, Completion::always, 0x6100 + n));
+    expect_done(next_wc(cq_of(link.client), "client"), IBV_WC_RDMA_READ, 0x6100 + n);
+    CHECK(first_difference(link.server_mem, expected) == -1);
+    CHECK(first_difference(link.client_mem, with_copy(before_read, 0, expected, dst_offset, n)) == -1);
+  }
+  // A message of 0 bytes, both ways: siw needs the receive's one entry of length 0.
+  auto empty_message = [](Conn& sender, const MrLocal& sender_mr, Conn& receiver, const MrLocal& receiver_mr) {
+    MUST(receiver.recv(receiver_mr, 0, 0, 0x6200));
+    MUST(sender.send(sender_mr, 0, 0, Completion::always, 0x6201));
+    expect_done(next_wc(cq_of(sender), "sender"), IBV_WC_SEND, 0x6201);
+    const ibv_wc got = next_wc(cq_of(receiver), "receiver");
+    expect_done(got, IBV_WC_RECV, 0x6200);
+    CHECK(got.byte_len == 0);
+  };
+  empty_message(link.client, link.client_mr, link.server, link.server_mr);
+  empty_message(link.server, link.server_mr, link.client, link.client_mr);
+  // Emulated atomic write (an 8-byte inline RDMA WRITE): siw has 80 bytes of inline data.
+  const std::array<std::byte, 8> value{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
+                                       std::byte{5}, std::byte{6}, std::byte{7}, std::byte{8}};
+  MUST(link.client.atomic_write(link.remote, 64, value, Completion::always, 0x6300));
+  expect_done(next_wc(cq_of(link.client), "client"), IBV_WC_RDMA_WRITE, 0x6300);
+  CHECK(std::memcmp(link.server_mem.data() + 64, value.data(), 8) == 0);
+  // No immediate data on iWARP: refused before posting, naming the device.
+  for (auto refused : {link.client.write_with_imm(link.remote, 0, link.client_mr, 0, 8, 7),
+                       link.client.send_with_imm(link.client_mr, 0, 8, 7)}) {
+    REQUIRE_FALSE(refused);
+    INFO(refused.error().message());
+    CHECK(refused.error().code() == errc::nosupp);
+    CHECK_THAT(refused.error().message(),
+               Catch::Contains(device + " is an iWARP device, and iWARP has no immediate data"));
+  }
+  expect_empty(cq_of(link.client), "client");
   link.close();
 }
 

@@ -57,6 +57,8 @@ inline std::string env_or_fail(
   return value;
 }
 inline std::string ip1() { return env_or_fail("SOFTROCE_IP"); }
+// The iWARP device's (siw0 in tools/rpmapp-vm).
+inline std::string iwarp_ip() { return env_or_fail("SOFTROCE_IWARP_IP"); }
 
 template <class T> T must(rpmapp::expected<T> result, const char* what) {
   if (!result) FAIL(what << " failed: " << result.error().message());

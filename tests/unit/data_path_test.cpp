@@ -18,8 +18,10 @@ struct Setup {
   Buffer local{4096};
   MrLocal mr;
   ibv_qp* qp;
-  Setup(fake::FakeProvider& f, const ConnConfig& cfg = {}, MrUsage usage = all_usages)
-      : fake(f), peer(open_peer(f)), conn(connected(f, peer, cfg)),
+  /// `device` 1: connected to 169.254.78.9 through the fake's second device.
+  Setup(fake::FakeProvider& f, const ConnConfig& cfg = {}, MrUsage usage = all_usages, int device = 0)
+      : fake(f), peer(open_peer(f, device)),
+        conn(connected(f, peer, cfg, device == 0 ? "169.254.77.9" : "169.254.78.9")),
         mr(reg(peer, local, usage)), qp(*conn.qp()) {}
   std::uint32_t lkey() const { return (*mr.native())->lkey; }
   std::uint64_t at(std::size_t offset) const { return addr_of(local.data()) + offset; }
@@ -562,6 +564,49 @@ TEST_CASE("a failing post: provider with the errno; ENOMEM says the queue is ful
       CHECK_THAT(full_negated.error().message(), Catch::Contains("queue is full"));
       CHECK(posted_since(fake, b).empty());
     }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("on an iWARP device (siw's provider): a receive of 0 bytes has one empty entry, immediate "
+          "data is nosupp before posting, a full queue is ENOMEM",
+          "[data][iwarp]") {
+  fake::FakeProvider fake;
+  fake.set_caps(1, fake::DeviceCaps::siw());
+  {
+    ConnConfig cfg;
+    cfg.rq_size = 2;
+    Setup s(fake, cfg, all_usages, 1);
+    auto before = fake.posted().size();
+    REQUIRE(s.conn.recv(s.mr, 16, 0, 0x70));  // siw refuses a receive without an entry
+    check_sge(only_post(fake, before), s.at(16), 0, s.lkey());
+    REQUIRE(s.conn.recv(s.mr, 0, 8, 0x71));
+    auto full = s.conn.recv(s.mr, 0, 8);  // siw: -ENOMEM
+    REQUIRE_FALSE(full);
+    CHECK(full.error().sys_errno() == ENOMEM);
+    CHECK_THAT(full.error().message(), Catch::Contains("queue is full"));
+
+    before = fake.posted().size();
+    const auto mark = fake.mark();
+    for (auto refused : {s.conn.write_with_imm(peer_region, 0, s.mr, 0, 8, 1), s.conn.send_with_imm(s.mr, 0, 8, 1)}) {
+      REQUIRE_FALSE(refused);
+      INFO(refused.error().message());
+      CHECK(refused.error().code() == errc::nosupp);
+      CHECK(refused.error().sys_errno() == 0);
+      CHECK_THAT(refused.error().message(), Catch::Contains("fake1 is an iWARP device, and iWARP has no immediate data"));
+    }
+    CHECK(fake.calls_since(mark).empty());
+    CHECK(posted_since(fake, before).empty());
+    // What iWARP has still posts.
+    REQUIRE(s.conn.write(peer_region, 0, s.mr, 0, 8, Completion::on_error));
+    REQUIRE(s.conn.send(s.mr, 0, 0, Completion::on_error));
+    CHECK(posted_since(fake, before).size() == 2);
+  }
+  {
+    Setup s(fake);  // on InfiniBand and RoCE: a receive of 0 bytes has no entry (as librpma's)
+    const auto before = fake.posted().size();
+    REQUIRE(s.conn.recv(s.mr, 16, 0, 0x70));
+    CHECK(only_post(fake, before).sge.empty());
   }
   fake.expect_clean();
 }

@@ -11,8 +11,10 @@
 namespace test {
 
 /// A connected Conn (its queue pair in RTS): an outgoing request, connect, ESTABLISHED.
-inline Conn connected(fake::FakeProvider& fake, const Peer& peer, const ConnConfig& cfg = {}) {
-  auto conn = outgoing(peer, "169.254.77.9", cfg).connect();
+/// `addr`: a peer's address reached through `peer`'s device (169.254.78.x: device 1).
+inline Conn connected(fake::FakeProvider& fake, const Peer& peer, const ConnConfig& cfg = {},
+                      std::string_view addr = "169.254.77.9") {
+  auto conn = outgoing(peer, addr, cfg).connect();
   INFO((conn ? std::string() : conn.error().message()));
   REQUIRE(conn);
   fake.inject_event_on_qp(*conn->qp_num(), RDMA_CM_EVENT_ESTABLISHED);  // on its channel, shared or not

@@ -1010,6 +1010,17 @@ struct FakeProvider::Impl {
     return static_cast<std::uint32_t>(sum);
   }
 
+  // siw's provider (rdma-core's providers/siw), for the queues of an iWARP device: a post
+  // fails with the errno negated, a receive needs a scatter/gather entry (even for 0
+  // bytes), and the opcodes with immediate data and the atomics are refused.
+  static bool on_iwarp(const ibv_context* ctx) {
+    return ctx != nullptr && ctx->device != nullptr && ctx->device->transport_type == IBV_TRANSPORT_IWARP;
+  }
+  static bool iwarp_refuses(const ibv_send_wr& wr) {
+    return wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr.opcode == IBV_WR_SEND_WITH_IMM ||
+           wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+  }
+
   static int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     auto lock = f().lock();
     if (bad != nullptr) *bad = nullptr;
@@ -1020,11 +1031,13 @@ struct FakeProvider::Impl {
     }
     if (!qp_ok(qp, "ibv_post_send") || bad == nullptr || wr == nullptr) return EINVAL;
     auto& info = f().qps_[qp];
+    const bool iwarp = on_iwarp(qp->context);
     for (; wr != nullptr; wr = wr->next) {
       auto refuse = [&](int rc) {
         *bad = wr;
-        return rc;
+        return iwarp ? -rc : rc;
       };
+      if (iwarp && iwarp_refuses(*wr)) return refuse(EINVAL);
       if (info.state == QpState::init) return refuse(EINVAL);  // rxe: not in RTS
       if (wr->opcode == IBV_WR_BIND_MW) {  // rxe's validate_send_wr
         if (wr->num_sge != 0 || wr->imm_data != 0 || qp->qp_type != IBV_QPT_RC) return refuse(EINVAL);
@@ -1220,16 +1233,19 @@ struct FakeProvider::Impl {
       *bad = wr;
       return EINVAL;
     }
+    const bool iwarp = on_iwarp(qp->context);
     for (; wr != nullptr; wr = wr->next) {
       PostedWr posted;
       posted.queue = PostedWr::Queue::recv;
       posted.qp_num = qp->qp_num;
       const std::size_t before = info.recvs.size();
-      if (int rc = post_one_recv(qp->pd, wr, info.cap.max_recv_wr, info.cap.max_recv_sge,
-                                 info.recvs, std::move(posted));
+      if (int rc = iwarp && wr->num_sge == 0
+                       ? EINVAL
+                       : post_one_recv(qp->pd, wr, info.cap.max_recv_wr, info.cap.max_recv_sge, info.recvs,
+                                       std::move(posted));
           rc != 0) {
         *bad = wr;
-        return rc;
+        return iwarp ? -rc : rc;
       }
       if (info.state == QpState::error && info.recvs.size() > before) {
         Outstanding out = std::move(info.recvs.back());
@@ -1258,10 +1274,13 @@ struct FakeProvider::Impl {
       PostedWr posted;
       posted.queue = PostedWr::Queue::srq;
       posted.srq = srq;
-      if (int rc = post_one_recv(srq->pd, wr, info.max_wr, info.max_sge, info.recvs, std::move(posted));
+      const bool iwarp = on_iwarp(srq->context);
+      if (int rc = iwarp && wr->num_sge == 0
+                       ? EINVAL
+                       : post_one_recv(srq->pd, wr, info.max_wr, info.max_sge, info.recvs, std::move(posted));
           rc != 0) {
         *bad = wr;
-        return rc;
+        return iwarp ? -rc : rc;
       }
     }
     return 0;

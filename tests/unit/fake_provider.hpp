@@ -111,13 +111,22 @@ struct DeviceCaps {
   std::uint64_t odp_general_caps = 0;  ///< IBV_ODP_SUPPORT when on-demand paging works
   std::uint32_t rc_odp_caps = 0;       ///< IBV_ODP_SUPPORT_READ / _WRITE ...
   std::uint64_t device_cap_flags_ex = 0;  ///< bit 40: native atomic write; 38, 39: flushes
-  ibv_transport_type transport = IBV_TRANSPORT_IB;  ///< the device's transport_type
+  /// The device's transport_type. IBV_TRANSPORT_IWARP: its queues post as siw's provider
+  /// does (failures as negated errnos, no receive without a scatter/gather entry, no
+  /// immediate data or atomics).
+  ibv_transport_type transport = IBV_TRANSPORT_IB;
   /// ibv_device_attr::device_cap_flags; rxe's memory window bits by default (type 1 and 2B).
   unsigned device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   /// A device without memory windows (siw; ibv_alloc_mw then gives EOPNOTSUPP).
   static DeviceCaps without_windows() {
     DeviceCaps c;
     c.device_cap_flags = 0;
+    return c;
+  }
+  /// siw's: iWARP, no memory windows.
+  static DeviceCaps siw() {
+    DeviceCaps c = without_windows();
+    c.transport = IBV_TRANSPORT_IWARP;
     return c;
   }
   /// ODP for RC reads and writes (what librpma requires).

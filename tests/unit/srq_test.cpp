@@ -158,6 +158,33 @@ TEST_CASE("Srq::recv: the work request, bounds, usage, Peer and a full queue", "
   fake.expect_clean();
 }
 
+TEST_CASE("Srq::recv on an iWARP device (siw's provider): a receive of 0 bytes has one empty entry",
+          "[srq][recv][iwarp]") {
+  fake::FakeProvider fake;
+  fake.set_caps(1, fake::DeviceCaps::siw());
+  {
+    Peer peer = open_peer(fake, 1);
+    auto srq = Srq::create(peer, SrqConfig{2, 4});
+    REQUIRE(srq);
+    Buffer buf(256);
+    MrLocal mr = reg(peer, buf, MrUsage::recv);
+    const auto before = fake.posted().size();
+    REQUIRE(srq->recv(mr, 16, 0, 0x52));
+    auto now = posted_since(fake, before);
+    REQUIRE(now.size() == 1);
+    REQUIRE(now[0].sge.size() == 1);
+    CHECK(now[0].sge[0].addr == addr_of(buf.data()) + 16);
+    CHECK(now[0].sge[0].length == 0);
+    CHECK(now[0].sge[0].lkey == (*mr.native())->lkey);
+    REQUIRE(srq->recv(mr, 0, 8));
+    auto full = srq->recv(mr, 0, 8);  // siw: -ENOMEM
+    REQUIRE_FALSE(full);
+    CHECK(full.error().sys_errno() == ENOMEM);
+    CHECK_THAT(full.error().message(), Catch::Contains("queue is full"));
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("a moved-from Srq: every call is inval", "[srq][moved]") {
   fake::FakeProvider fake;
   {

@@ -99,6 +99,13 @@ inline unsigned signaled(Completion when) noexcept {
   return when == Completion::always ? static_cast<unsigned>(IBV_SEND_SIGNALED) : 0u;
 }
 
+/// An operation with immediate data on an iWARP device, which has none (siw's provider
+/// refuses the opcode with EINVAL).
+[[gnu::cold, gnu::noinline]] inline Error no_immediate_data(const char* call, const ibv_context* device) noexcept {
+  return make_error(errc::nosupp, 0, call, "{} is an iWARP device, and iWARP has no immediate data",
+                    device_name(device));
+}
+
 /// The failure of the public function `call` in the post `post_call`.
 [[gnu::cold, gnu::noinline]] inline Error post_error(const char* call, const char* post_call, int rc) noexcept {
   // The verbs return an errno value; siw's provider returns it negated (-EINVAL, -ENOMEM).
@@ -118,17 +125,21 @@ inline expected<void> post_send(const char* call, ibv_qp* qp, ibv_send_wr& wr) n
   return {};
 }
 
-/// A receive work request of one (or, for a length of 0, no) scatter/gather entry.
-inline ibv_recv_wr recv_wr(ibv_sge& sge, std::uint64_t context) noexcept {
+/// A receive work request of one scatter/gather entry; for a length of 0 of none (as
+/// librpma posts it), except on iWARP: siw's provider refuses a receive without an entry
+/// (EINVAL), so there it has one of length 0.
+inline ibv_recv_wr recv_wr(ibv_sge& sge, std::uint64_t context, bool iwarp) noexcept {
   ibv_recv_wr wr{};
   wr.wr_id = context;
-  wr.sg_list = sge.length != 0 ? &sge : nullptr;
   wr.num_sge = sge.length != 0 ? 1 : 0;
+  if (iwarp) wr.num_sge = 1;
+  wr.sg_list = wr.num_sge != 0 ? &sge : nullptr;
   return wr;
 }
 
-inline expected<void> post_recv(const char* call, ibv_qp* qp, ibv_sge sge, std::uint64_t context) noexcept {
-  ibv_recv_wr wr = recv_wr(sge, context);
+inline expected<void> post_recv(const char* call, ibv_qp* qp, ibv_sge sge, std::uint64_t context,
+                                bool iwarp) noexcept {
+  ibv_recv_wr wr = recv_wr(sge, context, iwarp);
   ibv_recv_wr* bad = nullptr;
   if (int rc = provider().post_recv(qp, &wr, &bad); rc != 0) [[unlikely]]
     return fail(post_error(call, "ibv_post_recv", rc));
@@ -136,8 +147,8 @@ inline expected<void> post_recv(const char* call, ibv_qp* qp, ibv_sge sge, std::
 }
 
 inline expected<void> post_srq_recv(const char* call, ibv_srq* srq, ibv_sge sge,
-                                    std::uint64_t context) noexcept {
-  ibv_recv_wr wr = recv_wr(sge, context);
+                                    std::uint64_t context, bool iwarp) noexcept {
+  ibv_recv_wr wr = recv_wr(sge, context, iwarp);
   ibv_recv_wr* bad = nullptr;
   if (int rc = provider().post_srq_recv(srq, &wr, &bad); rc != 0) [[unlikely]]
     return fail(post_error(call, "ibv_post_srq_recv", rc));

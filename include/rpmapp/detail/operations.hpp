@@ -31,6 +31,8 @@ inline expected<void> write(const char* call, ConnectionCore& core, const MrRemo
                             ibv_wr_opcode opcode, std::uint32_t imm) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
     return ok;
+  if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM && core.peer->iwarp) [[unlikely]]
+    return fail(no_immediate_data(call, core.peer->context));
   auto sge = local_sge(call, src, src_offset, len, MrUsage::write_src, core.peer->pd.get());
   if (!sge) [[unlikely]]
     return fail(sge.error());
@@ -122,6 +124,8 @@ inline expected<void> send(const char* call, ConnectionCore& core, const MrLocal
                            std::uint64_t context, ibv_wr_opcode opcode, std::uint32_t imm) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
     return ok;
+  if (opcode == IBV_WR_SEND_WITH_IMM && core.peer->iwarp) [[unlikely]]
+    return fail(no_immediate_data(call, core.peer->context));
   auto sge = local_sge(call, src, offset, len, MrUsage::send, core.peer->pd.get());
   if (!sge) [[unlikely]]
     return fail(sge.error());
@@ -138,7 +142,7 @@ inline expected<void> recv(const char* call, ConnectionCore& core, const MrLocal
   auto sge = recv_sge(call, dst, offset, len, core.peer->pd.get());
   if (!sge) [[unlikely]]
     return fail(sge.error());
-  return post_recv(call, qp_of(core), *sge, context);
+  return post_recv(call, qp_of(core), *sge, context, core.peer->iwarp);
 }
 
 }  // namespace detail
