@@ -1206,7 +1206,7 @@ struct FakeProvider::Impl {
                            std::uint32_t max_sge, std::deque<Outstanding>& queue,
                            PostedWr posted) {
     if (wr->num_sge < 0 || static_cast<std::uint32_t>(wr->num_sge) > max_sge ||
-        (wr->num_sge > 0 && wr->sg_list == nullptr))
+        (wr->num_sge > 0 && wr->sg_list == nullptr) || (wr->num_sge == 0 && on_iwarp(pd->context)))
       return EINVAL;
     if (queue.size() >= max_wr) return ENOMEM;
     posted.wr_id = wr->wr_id;
@@ -1239,10 +1239,8 @@ struct FakeProvider::Impl {
       posted.queue = PostedWr::Queue::recv;
       posted.qp_num = qp->qp_num;
       const std::size_t before = info.recvs.size();
-      if (int rc = iwarp && wr->num_sge == 0
-                       ? EINVAL
-                       : post_one_recv(qp->pd, wr, info.cap.max_recv_wr, info.cap.max_recv_sge, info.recvs,
-                                       std::move(posted));
+      if (int rc = post_one_recv(qp->pd, wr, info.cap.max_recv_wr, info.cap.max_recv_sge,
+                                 info.recvs, std::move(posted));
           rc != 0) {
         *bad = wr;
         return iwarp ? -rc : rc;
@@ -1275,9 +1273,7 @@ struct FakeProvider::Impl {
       posted.queue = PostedWr::Queue::srq;
       posted.srq = srq;
       const bool iwarp = on_iwarp(srq->context);
-      if (int rc = iwarp && wr->num_sge == 0
-                       ? EINVAL
-                       : post_one_recv(srq->pd, wr, info.max_wr, info.max_sge, info.recvs, std::move(posted));
+      if (int rc = post_one_recv(srq->pd, wr, info.max_wr, info.max_sge, info.recvs, std::move(posted));
           rc != 0) {
         *bad = wr;
         return iwarp ? -rc : rc;

@@ -3,6 +3,7 @@
 // allocates, formats or locks on success; an Error is built only on failure.
 #pragma once
 
+#include <rpmapp/detail/address.hpp>
 #include <rpmapp/detail/errors.hpp>
 #include <rpmapp/detail/provider.hpp>
 #include <rpmapp/error.hpp>
