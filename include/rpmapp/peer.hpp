@@ -7,6 +7,7 @@
 #include <rpmapp/detail/handles.hpp>
 #include <rpmapp/error.hpp>
 #include <rpmapp/mr_usage.hpp>
+#include <rpmapp/private_data.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -226,6 +227,14 @@ class Peer {
   /// How MrScope::grants regions are granted: windows where the device has them
   /// (memory_windows()), registrations otherwise. Errors: inval when empty.
   expected<GrantMode> grant_mode() const noexcept;
+  /// Whether the device speaks iWARP (siw, irdma in iWARP mode): no immediate data, no
+  /// atomics, exact-length private data (docs/peer.md, "Transports"). Errors: inval when
+  /// empty.
+  expected<bool> iwarp() const noexcept;
+  /// The private data limits of the device's transport, which ConnReq::connect and
+  /// ConnReq::reject check: 56/196/148 bytes (connect/accept/reject) on InfiniBand and
+  /// RoCE, 251 for each on iWARP. Errors: inval when empty.
+  expected<PrivateDataLimits> private_data_limits() const noexcept;
   /// The device's name, e.g. "rxe0". Errors: inval when empty.
   expected<std::string> device_name() const noexcept;
 

@@ -100,18 +100,24 @@ TEST_CASE("private data both ways, zero-padded by rdma_cm, compared by prefix",
   disconnect_both(client, server);
 }
 
-TEST_CASE("oversize private data is inval, sends nothing, and leaves the request usable",
-          "[conn][private_data]") {
-  const std::string ip = ip1();
+namespace {
+
+// The private data limits of the transport of the device at `ip`, both sides on one Peer:
+// one byte more is inval, sends nothing and leaves the request usable; the limit itself
+// arrives whole for connect, accept and reject; a short message arrives padded to the
+// limit (IB CM) or at its length (iWARP).
+void private_data_limits_hold(const std::string& ip, const rpmapp::PrivateDataLimits& expected) {
   Peer peer = local_peer(ip);
+  const auto limits = MUST(peer.private_data_limits());
+  REQUIRE(limits == expected);
   Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
 
   ConnReq out = MUST(ConnReq::to(peer, ip, port_text(ep)));
   CHECK_FALSE(MUST(out.is_incoming()));
-  const auto too_long_connect = bytes(57, 'c');
-  auto e1 = MUST_FAIL(std::move(out).connect(too_long_connect));
+  auto e1 = MUST_FAIL(std::move(out).connect(bytes(limits.connect + 1, 'c')));
   INFO(e1.message());
   CHECK(e1.code() == errc::inval);
+  CHECK_THAT(e1.message(), Catch::Contains(MUST(peer.device_name())));
   REQUIRE(out);  // not consumed
   auto nothing = MUST_FAIL(ep.next_conn_req_for(1500ms));
   INFO(nothing.message());
@@ -121,31 +127,54 @@ TEST_CASE("oversize private data is inval, sends nothing, and leaves the request
   CHECK(MUST_FAIL(std::move(out).reject()).code() == errc::inval);
   REQUIRE(out);
 
-  const auto max_connect = bytes(56, 'C');
+  const auto max_connect = bytes(limits.connect, 'C');
   Conn client = MUST(std::move(out).connect(max_connect));
   ConnReq in = take_request(ep);
-  CHECK(MUST(in.private_data()).size() == 56);
-  CHECK(std::vector<std::byte>(MUST(in.private_data()).begin(), MUST(in.private_data()).end()) ==
-        max_connect);
+  auto request_data = MUST(in.private_data());
+  CHECK(std::vector<std::byte>(request_data.begin(), request_data.end()) == max_connect);
 
-  const auto too_long_accept = bytes(197, 'a');
+  const auto too_long_accept = bytes(limits.accept + 1, 'a');
   auto e2 = MUST_FAIL(std::move(in).connect(too_long_accept));
   INFO(e2.message());
   CHECK(e2.code() == errc::inval);
   REQUIRE(in);
-  auto e3 = MUST_FAIL(std::move(in).reject(too_long_accept));
+  auto e3 = MUST_FAIL(std::move(in).reject(bytes(limits.reject + 1, 'r')));
   CHECK(e3.code() == errc::inval);
   REQUIRE(in);
   // The client heard nothing so far.
   auto quiet = MUST_FAIL(client.next_event_for(500ms));
   CHECK(quiet.code() == errc::no_event);
 
-  const auto max_accept = bytes(196, 'A');
+  const auto max_accept = bytes(limits.accept, 'A');
   Conn server = MUST(std::move(in).connect(max_accept));
   establish(client, server);
   auto got = MUST(client.private_data());
   CHECK(std::vector<std::byte>(got.begin(), got.end()) == max_accept);
   disconnect_both(client, server);
+
+  // A reject at the limit arrives whole; a short request is padded or exact.
+  Conn refused = start_client(peer, ip, port_text(ep), "short");
+  ConnReq second = take_request(ep);
+  CHECK(MUST(second.private_data()).size() == (limits.padded ? limits.connect : 5));
+  const auto max_reject = bytes(limits.reject, 'R');
+  MUST(std::move(second).reject(max_reject));
+  CHECK(wait_event(refused, "client") == ConnEvent::rejected);
+  auto reason = MUST(refused.private_data());
+  CHECK(std::vector<std::byte>(reason.begin(), reason.end()) == max_reject);
+}
+
+}  // namespace
+
+TEST_CASE("oversize private data is inval, sends nothing, and leaves the request usable; the limits "
+          "arrive whole (IB/RoCE, rxe)",
+          "[conn][private_data]") {
+  private_data_limits_hold(ip1(), rpmapp::private_data_limits(false));
+}
+
+TEST_CASE("on iWARP (siw0) the private data limit is 251 bytes for connect, accept and reject, and "
+          "private data arrives at its length",
+          "[conn][private_data][iwarp]") {
+  private_data_limits_hold(iwarp_ip(), rpmapp::private_data_limits(true));
 }
 
 TEST_CASE("a request outlives its endpoint and the server's Peer handle",

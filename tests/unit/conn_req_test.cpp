@@ -296,6 +296,72 @@ TEST_CASE("ConnReq::reject sends its private data and releases everything", "[co
   fake.expect_clean();
 }
 
+TEST_CASE("on an iWARP device the private data limit is 251 bytes for connect, accept and reject, and "
+          "nothing is padded",
+          "[conn_req][private_data][iwarp]") {
+  CHECK(private_data_limits(false) == PrivateDataLimits{56, 196, 148, true});
+  CHECK(private_data_limits(true) == PrivateDataLimits{251, 251, 251, false});
+  fake::FakeProvider fake;
+  fake.set_caps(1, fake::DeviceCaps::siw());
+  {
+    Peer rxe = open_peer(fake, 0);
+    Peer siw = open_peer(fake, 1);
+    CHECK_FALSE(*rxe.iwarp());
+    CHECK(*siw.iwarp());
+    CHECK(*rxe.private_data_limits() == private_data_limits(false));
+    CHECK(*siw.private_data_limits() == private_data_limits(true));
+    const std::string max(251, 'w'), too_long(252, 'x');
+
+    // Outgoing: 252 bytes are inval naming the device and its transport; 251 are sent.
+    ConnReq out = outgoing(siw, "169.254.78.9");
+    auto bad = std::move(out).connect(as_bytes(too_long));
+    REQUIRE_FALSE(bad);
+    check_inval(bad.error(), "ConnReq::connect", "252 bytes, more than the 251 that fake1 (iWARP) allows");
+    REQUIRE(out);
+    CHECK(fake.connects.empty());
+    auto conn = std::move(out).connect(as_bytes(max));
+    REQUIRE(conn);
+    REQUIRE(fake.connects.size() == 1);
+    CHECK(fake.connects[0].text() == max);
+    // The accept's private data arrives at its length.
+    fake.inject_event(*conn->fd(), RDMA_CM_EVENT_ESTABLISHED, "short");
+    REQUIRE(*conn->try_next_event() == ConnEvent::established);
+    CHECK(as_text(*conn->private_data()) == "short");
+    CHECK(conn->private_data()->size() == 5);
+
+    // Incoming: the request's data at its length; 252 bytes refused for accept and reject.
+    Endpoint ep = listen_on(siw, "169.254.78.1");
+    ConnReq in = take_request(fake, ep, {1, "hi"});
+    CHECK(in.private_data()->size() == 2);
+    const auto mark = fake.mark();
+    auto bad_accept = std::move(in).connect(as_bytes(too_long));
+    REQUIRE_FALSE(bad_accept);
+    check_inval(bad_accept.error(), "ConnReq::connect", "accept private data is 252 bytes");
+    auto bad_reject = std::move(in).reject(as_bytes(too_long));
+    REQUIRE_FALSE(bad_reject);
+    check_inval(bad_reject.error(), "ConnReq::reject", "reject private data is 252 bytes");
+    CHECK(fake.calls_since(mark).empty());
+    REQUIRE(in);
+    REQUIRE(std::move(in).reject(as_bytes(max)));
+    REQUIRE(fake.rejects.size() == 1);
+    CHECK(fake.rejects[0].text() == max);
+    ConnReq accepted = take_request(fake, ep, {1, "again"});
+    REQUIRE(std::move(accepted).connect(as_bytes(max)));
+    CHECK(fake.accepts.back().text() == max);
+
+    // The same 149 bytes that siw takes are inval on the IB/RoCE device.
+    ConnReq ib = take_request(fake, ep, {1, "ib"});
+    Endpoint rxe_ep = listen_on(rxe, "169.254.77.1");
+    ConnReq on_rxe = take_request(fake, rxe_ep, {0, "ib"});
+    CHECK(on_rxe.private_data()->size() == 56);  // IB CM pads
+    auto ib_reject = std::move(on_rxe).reject(as_bytes(std::string(149, 'r')));
+    REQUIRE_FALSE(ib_reject);
+    check_inval(ib_reject.error(), "ConnReq::reject", "149 bytes, more than the 148 that fake0 (InfiniBand/RoCE");
+    REQUIRE(std::move(ib).reject(as_bytes(std::string(149, 'r'))));
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("issue 8.3: reject private data is limited to the IB CM's 148 bytes",
           "[conn_req][inval][issue8]") {
   CHECK(max_reject_private_data == 148);

@@ -25,6 +25,18 @@ constexpr std::size_t connect_pad = 56;
 constexpr std::size_t accept_pad = 196;
 constexpr std::size_t reject_pad = 148;  // IB_CM_REJ_PRIVATE_DATA_SIZE
 
+bool on_iwarp_device(const rdma_cm_id* id) {
+  const ibv_context* ctx = id->verbs;
+  return ctx != nullptr && ctx->device != nullptr && ctx->device->transport_type == IBV_TRANSPORT_IWARP;
+}
+
+// What an event's private data is padded to: IB CM's size; nothing on iWARP, where MPA
+// delivers it at its length (siw_cm.c).
+std::size_t pad_on(const rdma_cm_id* id, std::size_t ib_size) { return on_iwarp_device(id) ? 0 : ib_size; }
+
+// siw: one byte counts the data and MPA v2's 4-byte IRD/ORD block (siw_send_mpareqrep)
+constexpr std::size_t iwarp_private_data = 251;
+
 in_addr ipv4(const char* text) {
   in_addr a{};
   inet_pton(AF_INET, text, &a);
@@ -576,7 +588,8 @@ struct FakeProvider::Impl {
     auto lock = f().lock();
     if (fails("rdma_reject")) return -1;
     if (!id_ok(id, "rdma_reject")) return -1;
-    if (data != nullptr && len > reject_pad) {  // ib_send_cm_rej refuses it; nothing is sent
+    // ib_send_cm_rej (siw_reject on iWARP) refuses it; nothing is sent
+    if (data != nullptr && len > (on_iwarp_device(id) ? iwarp_private_data : reject_pad)) {
       errno = EINVAL;
       return -1;
     }
@@ -2074,7 +2087,7 @@ void FakeProvider::inject_connect_request(int listener_fd, const Request& reques
                ids_[listener].port);
   std::memcpy(&child->route.addr.src_storage, &local, sizeof local);
   std::memcpy(&child->route.addr.dst_storage, &remote, sizeof remote);
-  auto* ev = make_event(child, RDMA_CM_EVENT_CONNECT_REQUEST, request.private_data, connect_pad, 0);
+  auto* ev = make_event(child, RDMA_CM_EVENT_CONNECT_REQUEST, request.private_data, pad_on(child, connect_pad), 0);
   ev->listen_id = listener;
   events_[ev].child = child;
   queue_event(ch, ev);
@@ -2090,8 +2103,8 @@ void FakeProvider::inject_event(int fd, rdma_cm_event_type type, std::string_vie
     if (id->channel == ch) target = id;
   REQUIRE(target != nullptr);
   std::size_t pad_to = 0;
-  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = accept_pad;
-  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = reject_pad;
+  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = pad_on(target, accept_pad);
+  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = pad_on(target, reject_pad);
   queue_event(ch, make_event(target, type, data, pad_to, status));
 }
 
@@ -2104,8 +2117,8 @@ void FakeProvider::inject_event_on_qp(std::uint32_t qp_num, rdma_cm_event_type t
   REQUIRE(target != nullptr);
   REQUIRE(target->channel != nullptr);
   std::size_t pad_to = 0;
-  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = accept_pad;
-  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = reject_pad;
+  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = pad_on(target, accept_pad);
+  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = pad_on(target, reject_pad);
   queue_event(target->channel, make_event(target, type, data, pad_to, status));
 }
 

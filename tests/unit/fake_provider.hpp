@@ -94,7 +94,7 @@ inline constexpr int sentinel_errno = 7777;
 /// What a CONNECT_REQUEST injected into a listener carries.
 struct Request {
   int device = 0;                 ///< index of the device it arrives on
-  std::string private_data;       ///< sent by the "client" (delivered padded to 56 bytes)
+  std::string private_data;       ///< sent by the "client" (padded to 56 bytes, not on iWARP)
   std::string peer = "169.254.77.2";
   std::uint16_t peer_port = 40000;
 };
@@ -253,7 +253,8 @@ class FakeProvider {
   /// Queues a CONNECT_REQUEST on the listening channel with fd `listener_fd`.
   void inject_connect_request(int listener_fd, const Request& request);
   /// Queues `type` for the (only) cm_id on the channel with fd `fd`. Private data is padded
-  /// as rdma_cm does (196 bytes for ESTABLISHED, 148 for REJECTED) unless `pad` is false.
+  /// as rdma_cm does (196 bytes for ESTABLISHED, 148 for REJECTED; nothing on an iWARP
+  /// device, as MPA) unless `pad` is false.
   void inject_event(int fd, rdma_cm_event_type type, std::string_view private_data = {},
                     int status = 0, bool pad = true);
   /// Queues `type` for the cm_id whose queue pair is `qp_num`, on whatever channel it is

@@ -759,6 +759,23 @@ TEST_CASE("connect: the peer's refusal, an unreachable peer, resolution errors, 
       REQUIRE(fake.connects.size() == 1);
       CHECK(fake.connects[0].text() == max_data);
     }
+    SECTION("on an iWARP device: 251 bytes are sent, 252 are inval naming the device, nothing created") {
+      fake.set_caps(1, fake::DeviceCaps::siw());
+      Peer siw = open_peer(fake, 1);
+      const auto mark = fake.mark();
+      Eager refused = eager_once(
+          [&] { return loop.connect(siw, "169.254.78.9", "7471", {}, bytes_of(std::string(252, 'x'))); }, out);
+      REQUIRE(out.resumed == 1);
+      REQUIRE_FALSE(*out.result);
+      check_inval(out.result->error(), "EventLoop::connect", "252 bytes, more than the 251 that fake1 (iWARP)");
+      CHECK(fake.calls_since(mark).empty());
+      const std::string max_data(251, 'w');
+      Outcome<expected<Conn>> sent;
+      Eager co = eager_once([&] { return loop.connect(siw, "169.254.78.9", "7471", {}, bytes_of(max_data)); }, sent);
+      REQUIRE(sent.suspended());
+      REQUIRE(fake.connects.size() == 1);
+      CHECK(fake.connects[0].text() == max_data);
+    }
     SECTION("a bad address is ConnReq::start's error, at once") {
       Eager co = eager_once([&] { return loop.connect(s.peer, "not an address", "7471"); }, out);
       REQUIRE(out.resumed == 1);

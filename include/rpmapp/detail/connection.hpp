@@ -230,8 +230,13 @@ inline expected<CmEvent> next_event_of(const char* call, ConnectionCore& core, c
 expected<void> open_cq(ConnectionCore& core, OwnedCompletionQueue& out, std::uint32_t size,
                        ibv_comp_channel* channel) noexcept;
 
-expected<void> check_private_data(const char* call, std::span<const std::byte> data,
-                                  std::size_t limit, const char* what) noexcept;
+/// Which message private data goes with: its limit differs (PrivateDataLimits).
+enum class PrivateDataUse { connect, accept, reject };
+
+/// inval when `data` is longer than `peer`'s transport allows for `use`; the reason names
+/// the device, its transport and the limit.
+expected<void> check_private_data(const char* call, std::span<const std::byte> data, const PeerState& peer,
+                                  PrivateDataUse use) noexcept;
 
 /// Creates the completion channel(s), CQ(s) and queue pair of `core->id` on `core->peer`
 /// (and its shared receive queue, core->srq): the CQ with its own channel; a receive CQ

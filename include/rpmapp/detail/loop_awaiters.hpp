@@ -181,9 +181,10 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
   std::string_view addr_;  // used in the first attempt only (await_ready, within the co_await)
   std::string_view port_;
   ConnConfig config_;
-  std::array<std::byte, max_connect_private_data> data_{};
+  static_assert(max_iwarp_private_data >= max_connect_private_data);
+  std::array<std::byte, max_iwarp_private_data> data_{};  // the largest of any transport
   std::size_t data_size_ = 0;
-  std::size_t too_long_ = 0;
+  std::optional<Error> refused_;  // the private data is longer than the Peer's transport allows
   Stage stage_ = Stage::start;
   std::optional<PendingConnReq> pending_;
   std::optional<Conn> conn_;

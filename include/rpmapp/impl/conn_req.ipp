@@ -20,10 +20,9 @@ RPMAPP_DECL ConnReq& ConnReq::operator=(ConnReq&& other) noexcept {
 RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_data) && noexcept {
   constexpr const char* call = "ConnReq::connect";
   if (!core_) return detail::fail(detail::moved_from(call));
-  const std::size_t limit =
-      incoming_ ? max_accept_private_data : max_connect_private_data;
-  if (auto ok = detail::check_private_data(call, private_data, limit,
-                                           incoming_ ? "accept" : "connect");
+  if (auto ok = detail::check_private_data(
+          call, private_data, *core_->peer,
+          incoming_ ? detail::PrivateDataUse::accept : detail::PrivateDataUse::connect);
       !ok)
     return detail::fail(ok.error());
   auto core = std::move(core_);
@@ -46,8 +45,7 @@ RPMAPP_DECL expected<void> ConnReq::reject(std::span<const std::byte> private_da
   constexpr const char* call = "ConnReq::reject";
   if (!core_) return detail::fail(detail::moved_from(call));
   if (!incoming_) return detail::fail(detail::invalid(call, "only an incoming request can be rejected"));
-  if (auto ok = detail::check_private_data(call, private_data,
-                                           max_reject_private_data, "reject");
+  if (auto ok = detail::check_private_data(call, private_data, *core_->peer, detail::PrivateDataUse::reject);
       !ok)
     return detail::fail(ok.error());
   auto core = std::move(core_);

@@ -52,19 +52,19 @@ core, const Peer& peer, std::string_view addr, std::string_view port,
                                            const ConnConfig& config, std::span<const std::byte> private_data,
                                            std::chrono::milliseconds timeout) noexcept
     : Awaiter(core, "EventLoop::connect", timeout), peer_(&peer), addr_(addr), port_(port), config_(config) {
-  if (private_data.size() > max_connect_private_data) {
-    too_long_ = private_data.size();
-  } else {
-    std::copy(private_data.begin(), private_data.end(), data_.begin());
-    data_size_ = private_data.size();
+  // An empty Peer fails in ConnReq::start; a Peer's transport allows at most data_'s size.
+  if (!peer) return;
+  if (auto ok = check_private_data(call(), private_data, *peer.state(), PrivateDataUse::connect); !ok) {
+    refused_.emplace(ok.error());
+    return;
   }
+  std::copy(private_data.begin(), private_data.end(), data_.begin());
+  data_size_ = private_data.size();
 }
 
 RPMAPP_DECL bool ConnectAwaiter::attempt() noexcept {
   if (stage_ == Stage::start) {
-    if (too_long_ != 0)
-      return finish(invalid(call(), "connect private data is {} bytes, more than the {} RDMA_PS_TCP allows",
-                            too_long_, max_connect_private_data));
+    if (refused_) return finish(*refused_);
     auto pending = ConnReq::start(*peer_, addr_, port_, config_);
     if (!pending) return finish(pending.error());
     pending_.emplace(std::move(*pending));

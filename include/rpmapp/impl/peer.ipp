@@ -262,6 +262,16 @@ RPMAPP_DECL expected<GrantMode> Peer::grant_mode() const noexcept {
   return state_->memory_windows ? GrantMode::windows : GrantMode::registrations;
 }
 
+RPMAPP_DECL expected<bool> Peer::iwarp() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::iwarp"));
+  return state_->iwarp;
+}
+
+RPMAPP_DECL expected<PrivateDataLimits> Peer::private_data_limits() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::private_data_limits"));
+  return rpmapp::private_data_limits(state_->iwarp);
+}
+
 RPMAPP_DECL expected<std::string> Peer::device_name() const noexcept {
   if (!state_) return detail::fail(detail::moved_from("Peer::device_name"));
   return detail::no_throw("Peer::device_name", [&]() -> expected<std::string> {
