@@ -121,9 +121,10 @@ class Conn {
   expected<int> fd() const noexcept;
 
   /// The peer's private data: on the accepting side the request's, on the connecting side
-  /// the accept's (after established) or the reject's (after rejected). rdma_cm pads it to
-  /// the protocol's size with zeros (56 bytes on a request, 196 on an accept, 148 on a reject):
-  /// carry your own length if it matters. Valid until the next call on this Conn.
+  /// the accept's (after established) or the reject's (after rejected). On InfiniBand and
+  /// RoCE rdma_cm pads it to the protocol's size with zeros (56 bytes on a request, 196 on
+  /// an accept, 148 on a reject); iWARP delivers it at its length: carry your own length
+  /// if it matters. Valid until the next call on this Conn.
   /// Errors: inval when empty.
   expected<std::span<const std::byte>> private_data() const noexcept;
   /// Copies private_data() into `out` and returns its size. Errors: inval when empty or

@@ -69,19 +69,22 @@ class ConnReq {
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
-  /// Accepts (incoming) or connects (outgoing), sending `private_data` (at most 196 bytes
-  /// on accept, 56 on connect). Consumes the request: on success the Conn owns everything;
+  /// Accepts (incoming) or connects (outgoing), sending `private_data` (at most the
+  /// device's Peer::private_data_limits(): 196 bytes on accept and 56 on connect on
+  /// InfiniBand and RoCE, 251 on iWARP). Consumes the request: on success the Conn owns everything;
   /// on a provider failure the request is released (an incoming one is rejected). Only an
   /// inval leaves the request as it was. Establishment is reported by Conn::next_event.
   /// Errors:
-  /// - inval: empty request; private data too long (nothing is sent).
+  /// - inval: empty request; private data too long for the device's transport (nothing
+  ///   is sent; the reason names the device, its transport and the limit).
   /// - provider: rdma_accept or rdma_connect failed; ENODEV: the request's device was
   ///   removed (nothing is called; docs/peer.md, "Device removal").
   expected<Conn> connect(std::span<const std::byte> private_data = {}) && noexcept;
 
-  /// Rejects an incoming request, sending `private_data` (at most max_reject_private_data,
-  /// 148 bytes: the IB CM's REJ size, which the kernel enforces) to the client, and
-  /// releases it (consumed, whatever the result, except on inval).
+  /// Rejects an incoming request, sending `private_data` (at most the device's limit:
+  /// max_reject_private_data, 148 bytes, the IB CM's REJ size, which the kernel enforces;
+  /// 251 on iWARP) to the client, and releases it (consumed, whatever the result, except
+  /// on inval).
   /// Errors:
   /// - inval: empty request; an outgoing request; private data too long (nothing is sent,
   ///   the request is left as it was and can still be accepted).
@@ -107,7 +110,8 @@ class ConnReq {
   /// True for a request that came from an Endpoint. Errors: inval when empty.
   expected<bool> is_incoming() const noexcept;
   /// The private data of an incoming request, as rdma_cm delivered it: zero-padded to 56
-  /// bytes whatever the client sent. Empty for an outgoing request. Errors: inval when empty.
+  /// bytes whatever the client sent on InfiniBand and RoCE, at its length on iWARP. Empty
+  /// for an outgoing request. Errors: inval when empty.
   expected<std::span<const std::byte>> private_data() const noexcept;
   /// Copies private_data() into `out`; returns its size. Errors: inval when empty or when
   /// `out` is too small (nothing is written then).

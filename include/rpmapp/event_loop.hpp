@@ -220,8 +220,9 @@ class EventLoop {
   /// Resolves `addr`:`port`, connects with `private_data` and waits for ESTABLISHED: the
   /// connection, established. A rejection is provider ECONNREFUSED ("rdma_connect"),
   /// UNREACHABLE EHOSTUNREACH, another end ECONNRESET; errors as ConnReq::start and
-  /// ConnReq::connect otherwise. `addr`, `port` are read before the first suspension;
-  /// `private_data` is copied.
+  /// ConnReq::connect otherwise; private data longer than the Peer's transport allows
+  /// (Peer::private_data_limits) is inval before anything is created. `addr`, `port` are
+  /// read before the first suspension; `private_data` is copied.
   detail::ConnectAwaiter connect(const Peer& peer, std::string_view addr, std::string_view port,
                                  const ConnConfig& config = {}, std::span<const std::byte> private_data = {},
                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {
