@@ -25,14 +25,20 @@ constexpr std::size_t connect_pad = 56;
 constexpr std::size_t accept_pad = 196;
 constexpr std::size_t reject_pad = 148;  // IB_CM_REJ_PRIVATE_DATA_SIZE
 
-bool on_iwarp_device(const rdma_cm_id* id) {
-  const ibv_context* ctx = id->verbs;
+bool on_iwarp(const ibv_context* ctx) {
   return ctx != nullptr && ctx->device != nullptr && ctx->device->transport_type == IBV_TRANSPORT_IWARP;
 }
 
 // What an event's private data is padded to: IB CM's size; nothing on iWARP, where MPA
 // delivers it at its length (siw_cm.c).
-std::size_t pad_on(const rdma_cm_id* id, std::size_t ib_size) { return on_iwarp_device(id) ? 0 : ib_size; }
+std::size_t pad_on(const rdma_cm_id* id, std::size_t ib_size) { return on_iwarp(id->verbs) ? 0 : ib_size; }
+
+// The padding of an injected event's private data (none unless `pad`).
+std::size_t event_pad(const rdma_cm_id* id, rdma_cm_event_type type, bool pad) {
+  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) return pad_on(id, accept_pad);
+  if (pad && type == RDMA_CM_EVENT_REJECTED) return pad_on(id, reject_pad);
+  return 0;
+}
 
 // siw: one byte counts the data and MPA v2's 4-byte IRD/ORD block (siw_send_mpareqrep)
 constexpr std::size_t iwarp_private_data = 251;
@@ -589,7 +595,7 @@ struct FakeProvider::Impl {
     if (fails("rdma_reject")) return -1;
     if (!id_ok(id, "rdma_reject")) return -1;
     // ib_send_cm_rej (siw_reject on iWARP) refuses it; nothing is sent
-    if (data != nullptr && len > (on_iwarp_device(id) ? iwarp_private_data : reject_pad)) {
+    if (data != nullptr && len > (on_iwarp(id->verbs) ? iwarp_private_data : reject_pad)) {
       errno = EINVAL;
       return -1;
     }
@@ -1023,12 +1029,9 @@ struct FakeProvider::Impl {
     return static_cast<std::uint32_t>(sum);
   }
 
-  // siw's provider (rdma-core's providers/siw), for the queues of an iWARP device: a post
-  // fails with the errno negated, a receive needs a scatter/gather entry (even for 0
-  // bytes), and the opcodes with immediate data and the atomics are refused.
-  static bool on_iwarp(const ibv_context* ctx) {
-    return ctx != nullptr && ctx->device != nullptr && ctx->device->transport_type == IBV_TRANSPORT_IWARP;
-  }
+  // siw's provider (rdma-core's providers/siw), for the queues of an iWARP device (on_iwarp):
+  // a post fails with the errno negated, a receive needs a scatter/gather entry (even for
+  // 0 bytes), and the opcodes with immediate data and the atomics are refused.
   static bool iwarp_refuses(const ibv_send_wr& wr) {
     return wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr.opcode == IBV_WR_SEND_WITH_IMM ||
            wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -2102,10 +2105,7 @@ void FakeProvider::inject_event(int fd, rdma_cm_event_type type, std::string_vie
   for (auto& [id, info] : ids_)
     if (id->channel == ch) target = id;
   REQUIRE(target != nullptr);
-  std::size_t pad_to = 0;
-  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = pad_on(target, accept_pad);
-  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = pad_on(target, reject_pad);
-  queue_event(ch, make_event(target, type, data, pad_to, status));
+  queue_event(ch, make_event(target, type, data, event_pad(target, type, pad), status));
 }
 
 void FakeProvider::inject_event_on_qp(std::uint32_t qp_num, rdma_cm_event_type type, std::string_view data,
@@ -2116,10 +2116,7 @@ void FakeProvider::inject_event_on_qp(std::uint32_t qp_num, rdma_cm_event_type t
     if (id->qp != nullptr && id->qp->qp_num == qp_num) target = id;
   REQUIRE(target != nullptr);
   REQUIRE(target->channel != nullptr);
-  std::size_t pad_to = 0;
-  if (pad && type == RDMA_CM_EVENT_ESTABLISHED) pad_to = pad_on(target, accept_pad);
-  if (pad && type == RDMA_CM_EVENT_REJECTED) pad_to = pad_on(target, reject_pad);
-  queue_event(target->channel, make_event(target, type, data, pad_to, status));
+  queue_event(target->channel, make_event(target, type, data, event_pad(target, type, pad), status));
 }
 
 std::size_t FakeProvider::queued(int fd) const {

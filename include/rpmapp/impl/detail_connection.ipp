@@ -189,11 +189,10 @@ RPMAPP_DECL expected<void> open_cq(ConnectionCore& core, OwnedCompletionQueue& o
 RPMAPP_DECL expected<void> check_private_data(const char* call, std::span<const std::byte> data,
                                               const PeerState& peer, PrivateDataUse use) noexcept {
   const PrivateDataLimits limits = private_data_limits(peer.iwarp);
-  const std::size_t limit = use == PrivateDataUse::connect  ? limits.connect
-                            : use == PrivateDataUse::accept ? limits.accept
-                                                            : limits.reject;
+  const auto [limit, what] = use == PrivateDataUse::connect  ? std::pair{limits.connect, "connect"}
+                            : use == PrivateDataUse::accept ? std::pair{limits.accept, "accept"}
+                                                            : std::pair{limits.reject, "reject"};
   if (data.size() > limit) [[unlikely]] {
-    const char* what = use == PrivateDataUse::connect ? "connect" : use == PrivateDataUse::accept ? "accept" : "reject";
     return fail(invalid(call, "{} private data is {} bytes, more than the {} that {} ({}) allows", what, data.size(),
                         limit, device_name(peer.context), peer.iwarp ? "iWARP" : "InfiniBand/RoCE, RDMA_PS_TCP"));
   }
