@@ -14,7 +14,10 @@ class Srq;
 
 /// Queue pair, completion queue and connection parameters of one connection
 /// (librpma's rpma_conn_cfg, plus the retry counts librpma hard-codes).
-/// A value type; validated when used (ConnReq::to, Endpoint::next_conn_req).
+/// A value type; validated when used (ConnReq::to, Endpoint::next_conn_req), and its sizes
+/// (sq_size, rq_size, max_sge, cq_size, rcq_size) against the device's limits
+/// (Peer::capabilities) before the connection's queues are created: a size beyond them is
+/// inval ("ConnConfig") naming the limit and the device, not the provider's bare EINVAL.
 struct ConnConfig {
   /// Address and route resolution timeout of an outgoing request (each step).
   std::chrono::milliseconds timeout{1000};

@@ -19,6 +19,32 @@
 
 RPMAPP_BEGIN_NAMESPACE
 
+/// What a Peer's device can do and how much it takes, read once by Peer::open
+/// (ibv_query_device_ex and the device's transport). Peer::capabilities().
+struct DeviceCapabilities {
+  bool iwarp = false;           ///< the transport is iWARP (siw; irdma in iWARP mode)
+  bool atomics = false;         ///< compare-and-swap and fetch-and-add (never on iWARP)
+  bool immediate_data = false;  ///< write_with_imm, send_with_imm (not on iWARP)
+  bool native_atomic_write = false;  ///< Peer::native_atomic_write()
+  bool native_flush = false;         ///< Peer::native_flush()
+  bool memory_windows = false;       ///< Peer::memory_windows()
+  bool odp = false;                  ///< Peer::odp_capable()
+  /// Work requests per send or receive queue (ConnConfig::sq_size, rq_size).
+  std::uint32_t max_queue_wr = 0;
+  /// Scatter/gather entries per send or receive work request (ConnConfig::max_sge).
+  std::uint32_t max_sge = 0;
+  /// Scatter/gather entries per RDMA READ (siw: 1): for raw verbs on Conn::qp(); rpmapp's
+  /// reads use one.
+  std::uint32_t max_read_sge = 0;
+  /// Entries per completion queue (ConnConfig::cq_size, rcq_size; SrqConfig's sizes).
+  std::uint32_t max_cqe = 0;
+  /// Work requests per shared receive queue (SrqConfig::rq_size).
+  std::uint32_t max_srq_wr = 0;
+  /// RDMA READs (and atomics) one queue pair may have outstanding as the requester.
+  std::uint32_t max_outstanding_reads = 0;
+  friend bool operator==(const DeviceCapabilities&, const DeviceCapabilities&) = default;
+};
+
 namespace detail {
 /// Shared by a Peer and everything made from it, so that the protection domain outlives
 /// every queue pair created on it. The device context is librdmacm's (never closed).
@@ -36,6 +62,10 @@ struct PeerState {
   bool native_atomic_write = false;  // IBV_WR_ATOMIC_WRITE
   bool native_flush = false;         // ibv_wr_flush, both flush types (rdma-core 45 on)
   bool memory_windows = false;       // type 2A or 2B: windows bound to one queue pair (grants)
+  bool atomics = false;              // atomic_cap is not IBV_ATOMIC_NONE
+  // the device's limits (DeviceCapabilities), checked by create_queues before creating
+  std::uint32_t max_queue_wr = 0, max_sge = 0, max_read_sge = 0, max_cqe = 0, max_srq_wr = 0,
+                max_outstanding_reads = 0;
   ProtectionDomain pd;
   bool uses_device = false;  // counted in device_registry() (use_device); released after the domain
   // Where emulated flushes read to: one page, registered once per Peer, shared by its
@@ -237,6 +267,13 @@ class Peer {
   expected<PrivateDataLimits> private_data_limits() const noexcept;
   /// The device's name, e.g. "rxe0". Errors: inval when empty.
   expected<std::string> device_name() const noexcept;
+  /// What the device can do and its limits, as Peer::open read them: the transport,
+  /// atomics, immediate data, the probes above, and the sizes a connection's queues may
+  /// have (a ConnConfig beyond them is inval naming the device, before anything is
+  /// created). Not in the device's attributes, so not here: the largest inline message
+  /// (Conn::max_inline_data() is the queue pair's) and whether the provider has extended
+  /// queue pairs. Errors: inval when empty.
+  expected<DeviceCapabilities> capabilities() const noexcept;
 
   /// Releases this handle. When nothing else uses the protection domain it is deallocated
   /// now and a failure is reported; otherwise it goes when its last user goes.

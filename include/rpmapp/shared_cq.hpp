@@ -76,11 +76,11 @@ class SharedCq {
   /// (ibv_create_comp_channel) and armed (ibv_req_notify_cq) unless
   /// config.completion_channel is false.
   /// Errors:
-  /// - inval: empty `peer`; size 0 or above 2^31-1; a negative completion_vector, or one
-  ///   not below the device's num_comp_vectors.
+  /// - inval: empty `peer`; size 0, above 2^31-1 or above the device's max_cqe
+  ///   (Peer::capabilities); a negative completion_vector, or one not below the device's
+  ///   num_comp_vectors.
   /// - provider / nomem: ibv_create_comp_channel, ibv_create_cq or ibv_req_notify_cq
-  ///   failed (errno in the Error; EINVAL from ibv_create_cq for a size above the
-  ///   device's max_cqe); out of memory.
+  ///   failed (errno in the Error); out of memory.
   /// Thread safety: may be called concurrently.
   static expected<SharedCq> create(const Peer& peer, const SharedCqConfig& config = {}) noexcept;
 

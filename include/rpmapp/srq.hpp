@@ -61,7 +61,8 @@ class Srq {
   /// Creates the queue (ibv_create_srq, one scatter/gather entry per receive) and, when
   /// config.rcq_size > 0, its receive CQ with a completion channel (librpma's rpma_srq_new).
   /// Errors:
-  /// - inval: empty `peer`; rq_size 0; a size above 2^31-1.
+  /// - inval: empty `peer`; rq_size 0; a size above 2^31-1; rq_size above the device's
+  ///   max_srq_wr or rcq_size above its max_cqe (Peer::capabilities), naming the device.
   /// - provider / nomem: ibv_create_srq, ibv_create_comp_channel, ibv_create_cq or
   ///   ibv_req_notify_cq failed (errno in the Error).
   /// Thread safety: may be called concurrently.

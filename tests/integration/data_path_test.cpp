@@ -1230,3 +1230,62 @@ TEST_CASE("ConnConfig's max_inline_data, max_sge and completion_vector reach the
     link.close();
   }
 }
+
+// What Peer::capabilities reads on the real devices (ibv_devinfo -v in the VM on 6.1 and
+// 6.12 shows the same), and the limits it checks: one over is inval naming the device
+// (the provider's own answer there is a bare EINVAL, shown with raw verbs); at the limit
+// the provider takes it.
+namespace {
+void device_limits_hold(const std::string& ip, bool iwarp) {
+  const rpmapp::Peer peer = local_peer(ip);
+  const std::string device = MUST(peer.device_name());
+  INFO(device);
+  const rpmapp::DeviceCapabilities caps = MUST(peer.capabilities());
+  CHECK(caps.iwarp == iwarp);
+  CHECK(caps.iwarp == MUST(peer.iwarp()));
+  CHECK(caps.immediate_data == !iwarp);
+  CHECK(caps.atomics == !iwarp);  // rxe: ATOMIC_HCA; siw: ATOMIC_NONE
+  CHECK(caps.memory_windows == MUST(peer.memory_windows()));
+  CHECK(caps.native_atomic_write == MUST(peer.native_atomic_write()));
+  CHECK(caps.native_flush == MUST(peer.native_flush()));
+  CHECK(caps.max_read_sge == (iwarp ? 1u : caps.max_sge));  // siw reads into one entry
+  CHECK(caps.max_sge >= 6);
+  CHECK(caps.max_queue_wr >= 16384);
+  CHECK(caps.max_outstanding_reads >= 1);
+
+  // The provider's own answer to one entry too many: EINVAL, nothing named.
+  ibv_context* context = MUST(peer.context());
+  errno = 0;
+  ibv_cq* raw = ibv_create_cq(context, static_cast<int>(caps.max_cqe) + 1, nullptr, nullptr, 0);
+  const int raw_errno = errno;
+  if (raw != nullptr) ibv_destroy_cq(raw);
+  CHECK(raw == nullptr);
+  CHECK(raw_errno == EINVAL);
+
+  const std::string over = std::to_string(caps.max_sge + 1);
+  auto e = MUST_FAIL(ConnReq::to(peer, ip, "7471", ConnConfig{.max_sge = caps.max_sge + 1}));
+  INFO(e.message());
+  CHECK(e.code() == errc::inval);
+  CHECK(e.message().find("max_sge " + over + " is more than the " + std::to_string(caps.max_sge) +
+                         " scatter/gather entries per work request (max_sge) that " + device + " allows") !=
+        std::string::npos);
+  e = MUST_FAIL(ConnReq::to(peer, ip, "7471", ConnConfig{.sq_size = caps.max_queue_wr + 1}));
+  CHECK(e.message().find("sq_size " + std::to_string(caps.max_queue_wr + 1)) != std::string::npos);
+  e = MUST_FAIL(SharedCq::create(peer, SharedCqConfig{caps.max_cqe + 1, false, 0}));
+  CHECK(e.message().find("that " + device + " allows") != std::string::npos);
+  // At the limits the provider creates the queue pair (rxe's 2^20 work requests would take
+  // gigabytes: its queues are checked at siw's size there).
+  const std::uint32_t wr = std::min<std::uint32_t>(caps.max_queue_wr, 32768);
+  auto at_limit = MUST(ConnReq::to(peer, ip, "7471", ConnConfig{.sq_size = wr, .rq_size = wr,
+                                                                .max_sge = caps.max_sge}));
+  MUST(std::move(at_limit).close());
+  auto cq = MUST(SharedCq::create(peer, SharedCqConfig{std::min<std::uint32_t>(caps.max_cqe, 1u << 16), false, 0}));
+  MUST(std::move(cq).close());
+}
+}  // namespace
+
+TEST_CASE("the device's capabilities and limits, on rxe0 and on siw0: a ConnConfig beyond them is inval "
+          "naming the device", "[data][config][capabilities][iwarp]") {
+  SECTION("rxe0") { device_limits_hold(ip1(), false); }
+  SECTION("siw0") { device_limits_hold(iwarp_ip(), true); }
+}

@@ -481,7 +481,13 @@ struct FakeProvider::Impl {
       errno = EOPNOTSUPP;
       return -1;
     }
-    if (cap.max_send_wr == 0 || (srq == nullptr && cap.max_recv_wr == 0) || cap.max_inline_data > 256) {
+    // the device's limits, as rxe_qp_chk_cap and siw_create_qp check them
+    const DeviceCaps& limits = f().caps_[device];
+    const auto over = [](std::uint32_t value, int limit) { return value > static_cast<std::uint32_t>(limit); };
+    if (cap.max_send_wr == 0 || (srq == nullptr && cap.max_recv_wr == 0) ||
+        over(cap.max_send_wr, limits.max_qp_wr) || (srq == nullptr && over(cap.max_recv_wr, limits.max_qp_wr)) ||
+        over(cap.max_send_sge, limits.max_sge) || over(cap.max_recv_sge, limits.max_sge) ||
+        over(cap.max_inline_data, limits.max_inline_data)) {
       errno = EINVAL;
       return -1;
     }
@@ -765,7 +771,8 @@ struct FakeProvider::Impl {
                            int vector) {
     auto lock = f().lock();
     if (fails("ibv_create_cq")) return nullptr;
-    if (f().device_of_context(ctx) < 0 || cqe < 1 || vector != 0 ||
+    const int device = f().device_of_context(ctx);
+    if (device < 0 || cqe < 1 || cqe > f().caps_[device].max_cqe || vector != 0 ||
         (ch != nullptr && (!f().comp_channels_.count(ch) || ch->context != ctx))) {
       f().note("ibv_create_cq: bad context, size or completion channel");
       errno = EINVAL;
@@ -915,11 +922,14 @@ struct FakeProvider::Impl {
     *attr = ibv_device_attr_ex{};
     const DeviceCaps& caps = f().caps_[device];
     std::snprintf(attr->orig_attr.fw_ver, sizeof attr->orig_attr.fw_ver, "fake");
-    attr->orig_attr.max_qp_wr = 1 << 15;
-    attr->orig_attr.max_sge = 32;
-    attr->orig_attr.max_cqe = 1 << 15;
+    attr->orig_attr.max_qp_wr = caps.max_qp_wr;
+    attr->orig_attr.max_sge = caps.max_sge;
+    attr->orig_attr.max_sge_rd = caps.max_sge_rd;
+    attr->orig_attr.max_cqe = caps.max_cqe;
     attr->orig_attr.max_mr_size = ~0ull;
-    attr->orig_attr.max_srq_wr = 1 << 15;
+    attr->orig_attr.max_srq_wr = caps.max_srq_wr;
+    attr->orig_attr.atomic_cap = caps.atomic_cap;
+    attr->orig_attr.max_qp_init_rd_atom = caps.max_qp_init_rd_atom;
     attr->odp_caps.general_caps = caps.odp_general_caps;
     attr->odp_caps.per_transport_caps.rc_odp_caps = caps.rc_odp_caps;
     attr->device_cap_flags_ex = caps.device_cap_flags_ex;
@@ -1442,7 +1452,9 @@ struct FakeProvider::Impl {
       errno = EINVAL;
       return nullptr;
     }
-    if (attr->attr.max_wr == 0 || attr->attr.max_wr > (1u << 15) || attr->attr.max_sge == 0) {
+    const DeviceCaps& limits = f().caps_[f().device_of_context(pd->context)];
+    if (attr->attr.max_wr == 0 || attr->attr.max_wr > static_cast<std::uint32_t>(limits.max_srq_wr) ||
+        attr->attr.max_sge == 0) {
       errno = EINVAL;
       return nullptr;
     }

@@ -117,16 +117,36 @@ struct DeviceCaps {
   ibv_transport_type transport = IBV_TRANSPORT_IB;
   /// ibv_device_attr::device_cap_flags; rxe's memory window bits by default (type 1 and 2B).
   unsigned device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+  /// ibv_device_attr's limits, rxe's by default (ibv_devinfo -v on kernel 6.1); the fake's
+  /// ibv_create_cq / rdma_create_qp / ibv_create_srq refuse beyond them with EINVAL, as
+  /// rxe and siw do.
+  ibv_atomic_cap atomic_cap = IBV_ATOMIC_HCA;
+  int max_qp_wr = 1 << 20;
+  int max_sge = 32;
+  int max_sge_rd = 32;
+  int max_cqe = 32767;
+  int max_srq_wr = 1 << 20;
+  int max_qp_init_rd_atom = 128;
+  /// Not in the device's attributes: the largest max_inline_data a queue pair may ask for
+  /// (the fake's own 256; siw's SIW_MAX_INLINE, 80).
+  std::uint32_t max_inline_data = 256;
   /// A device without memory windows (siw; ibv_alloc_mw then gives EOPNOTSUPP).
   static DeviceCaps without_windows() {
     DeviceCaps c;
     c.device_cap_flags = 0;
     return c;
   }
-  /// siw's: iWARP, no memory windows.
+  /// siw's: iWARP, no memory windows or atomics, its limits (ibv_devinfo -v on 6.1).
   static DeviceCaps siw() {
     DeviceCaps c = without_windows();
     c.transport = IBV_TRANSPORT_IWARP;
+    c.atomic_cap = IBV_ATOMIC_NONE;
+    c.max_qp_wr = 32768;
+    c.max_sge = 6;
+    c.max_sge_rd = 1;
+    c.max_cqe = 3276800;
+    c.max_srq_wr = 327680;
+    c.max_inline_data = 80;
     return c;
   }
   /// ODP for RC reads and writes (what librpma requires).

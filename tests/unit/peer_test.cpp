@@ -296,4 +296,104 @@ TEST_CASE("a moved-from Peer: every call is inval", "[peer][moved]") {
   fake.expect_clean();
 }
 
+TEST_CASE("Peer::capabilities: what each device reports (rxe's and siw's attributes), and "
+          "sizes beyond its limits are inval naming the device before anything is created",
+          "[peer][capabilities][iwarp]") {
+  fake::FakeProvider fake;
+  fake.set_caps(1, fake::DeviceCaps::siw());
+  {
+    Peer rxe = open_peer(fake, 0);
+    Peer siw = open_peer(fake, 1);
+    DeviceCapabilities want_rxe;
+    want_rxe.atomics = true;
+    want_rxe.immediate_data = true;
+    want_rxe.memory_windows = true;
+    want_rxe.max_queue_wr = 1 << 20;
+    want_rxe.max_sge = 32;
+    want_rxe.max_read_sge = 32;
+    want_rxe.max_cqe = 32767;
+    want_rxe.max_srq_wr = 1 << 20;
+    want_rxe.max_outstanding_reads = 128;
+    CHECK(*rxe.capabilities() == want_rxe);
+    DeviceCapabilities want_siw;
+    want_siw.iwarp = true;
+    want_siw.max_queue_wr = 32768;
+    want_siw.max_sge = 6;
+    want_siw.max_read_sge = 1;
+    want_siw.max_cqe = 3276800;
+    want_siw.max_srq_wr = 327680;
+    want_siw.max_outstanding_reads = 128;
+    CHECK(*siw.capabilities() == want_siw);
+    check_inval(Peer().capabilities().error(), "Peer::capabilities");
+
+    // Each size one over the limit: inval naming it, its limit and the device; nothing is
+    // left (no id, queue or channel); at the limit the request is made.
+    struct Over {
+      const char* words;
+      ConnConfig config;
+    };
+    auto with = [](auto set) {
+      ConnConfig c;
+      set(c);
+      return c;
+    };
+    const Over over_siw[] = {
+        {"sq_size 32769 is more than the 32768 work requests per queue (max_qp_wr) that fake1 allows",
+         with([](ConnConfig& c) { c.sq_size = 32769; })},
+        {"rq_size 32769 is more than the 32768", with([](ConnConfig& c) { c.rq_size = 32769; })},
+        {"max_sge 7 is more than the 6 scatter/gather entries per work request (max_sge) that fake1",
+         with([](ConnConfig& c) { c.max_sge = 7; })},
+    };
+    for (const Over& o : over_siw) {
+      INFO(o.words);
+      auto refused = ConnReq::to(siw, "169.254.78.9", "7471", o.config);
+      REQUIRE_FALSE(refused);
+      check_inval(refused.error(), "ConnConfig", o.words);
+      CHECK(fake.alive("id") == 0);
+      CHECK(fake.alive("cq") == 0);
+      CHECK(fake.alive("comp_channel") == 0);
+    }
+    ConnConfig at_limit;
+    at_limit.sq_size = at_limit.rq_size = 32768;
+    at_limit.max_sge = 6;
+    CHECK(std::move(outgoing(siw, "169.254.78.9", at_limit)).close());
+
+    // rxe's CQ limit, on an accepted request; rq_size does not count with a shared receive
+    // queue, nor cq_size with a shared CQ.
+    Endpoint ep = listen_on(rxe, "169.254.77.1");
+    ConnConfig big_cq;
+    big_cq.cq_size = 32768;
+    fake.inject_connect_request(*ep.fd(), {});
+    auto refused = ep.next_conn_req(big_cq);
+    REQUIRE_FALSE(refused);
+    check_inval(refused.error(), "ConnConfig", "cq_size 32768 is more than the 32767 entries per completion "
+                                               "queue (max_cqe) that fake0 allows");
+    ConnConfig big_rcq;
+    big_rcq.rcq_size = 32768;
+    fake.inject_connect_request(*ep.fd(), {});
+    check_inval(ep.next_conn_req(big_rcq).error(), "ConnConfig", "rcq_size 32768");
+    CHECK(fake.alive("cq") == 0);
+    auto srq = Srq::create(siw, SrqConfig{10, 0});
+    REQUIRE(srq);
+    auto shared = SharedCq::create(siw);
+    REQUIRE(shared);
+    ConnConfig shared_queues = with([](ConnConfig& c) { c.rq_size = c.cq_size = 0x7fffffffu; });
+    shared_queues.srq = &*srq;
+    shared_queues.shared_cq = &*shared;
+    CHECK(std::move(outgoing(siw, "169.254.78.9", shared_queues)).close());
+
+    // A shared receive queue's and a shared CQ's sizes.
+    check_inval(Srq::create(siw, SrqConfig{327681, 0}).error(), "Srq::create",
+                "rq_size 327681 is more than the 327680 work requests per shared receive queue (max_srq_wr) "
+                "that fake1 allows");
+    check_inval(Srq::create(rxe, SrqConfig{10, 32768}).error(), "Srq::create",
+                "rcq_size 32768 is more than the 32767 entries per completion queue (max_cqe) that fake0");
+    check_inval(SharedCq::create(rxe, SharedCqConfig{32768, true, 0}).error(), "SharedCq::create",
+                "size 32768 is more than the 32767 entries per completion queue (max_cqe) that fake0");
+    CHECK(SharedCq::create(rxe, SharedCqConfig{32767, true, 0}));
+    CHECK(Srq::create(siw, SrqConfig{327680, 0}));
+  }
+  fake.expect_clean();
+}
+
 }  // namespace peer_test

@@ -175,6 +175,12 @@ void retire_routes(const ConnectionCore& core, bool qp_survived, FirstError& fir
 expected<void> close_core(ConnectionCore& core, Teardown by) noexcept;
 
 expected<void> check_config(const char* call, const ConnConfig& cfg) noexcept;
+/// Checks `cfg`'s queue sizes and scatter/gather entries against `peer`'s device
+/// (DeviceCapabilities), for a connection with or without a shared receive queue (`srq`:
+/// rq_size unused) and shared CQ (cq_size unused). Errors: inval naming the size, the limit
+/// and the device.
+expected<void> check_device_limits(const ConnConfig& cfg, const PeerState& peer, bool srq,
+                                   bool shared_cq) noexcept;
 
 /// The queues a ConnConfig shares with other connections (ConnConfig::srq, shared_cq),
 /// held: what a config kept for later requests (EventLoop::serve, co_await next_conn_req)

@@ -199,11 +199,35 @@ RPMAPP_DECL expected<void> check_private_data(const char* call, std::span<const 
   return {};
 }
 
+RPMAPP_DECL expected<void> check_device_limits(const ConnConfig& cfg, const PeerState& peer, bool srq,
+                                               bool shared_cq) noexcept {
+  // What the provider would refuse with a bare EINVAL (rxe and siw check the same limits).
+  struct Size {
+    const char* name;
+    std::uint32_t value, limit;
+    bool applies;
+    const char* what;
+  };
+  const Size sizes[] = {
+      {"sq_size", cfg.sq_size, peer.max_queue_wr, true, "work requests per queue (max_qp_wr)"},
+      {"rq_size", cfg.rq_size, peer.max_queue_wr, !srq, "work requests per queue (max_qp_wr)"},
+      {"max_sge", cfg.max_sge, peer.max_sge, true, "scatter/gather entries per work request (max_sge)"},
+      {"cq_size", cfg.cq_size, peer.max_cqe, !shared_cq, "entries per completion queue (max_cqe)"},
+      {"rcq_size", cfg.rcq_size, peer.max_cqe, true, "entries per completion queue (max_cqe)"},
+  };
+  for (const Size& size : sizes)
+    if (size.applies && size.value > size.limit) [[unlikely]]
+      return fail(invalid("ConnConfig", "{} {} is more than the {} {} that {} allows", size.name, size.value,
+                          size.limit, size.what, device_name(peer.context)));
+  return {};
+}
+
 RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig& cfg) noexcept {
   ibv_context* verbs = core.id->verbs;
   if (cfg.completion_vector > 0 && cfg.completion_vector >= verbs->num_comp_vectors)
     return fail(invalid("ConnConfig", "completion_vector {} is not below the device's {} vectors",
                         cfg.completion_vector, verbs->num_comp_vectors));
+  if (auto ok = check_device_limits(cfg, *core.peer, core.srq != nullptr, core.shared_cq != nullptr); !ok) return ok;
   // into the core's handles, which keep no provider of their own
   auto open_comp_channel = [verbs](OwnedCompChannel& out) -> expected<void> {
     CompChannel made;

@@ -131,6 +131,13 @@ own_domain(const char* call, const PeerState& like) noexcept {
   state->native_atomic_write = like.native_atomic_write;
   state->native_flush = like.native_flush;
   state->memory_windows = like.memory_windows;
+  state->atomics = like.atomics;
+  state->max_queue_wr = like.max_queue_wr;
+  state->max_sge = like.max_sge;
+  state->max_read_sge = like.max_read_sge;
+  state->max_cqe = like.max_cqe;
+  state->max_srq_wr = like.max_srq_wr;
+  state->max_outstanding_reads = like.max_outstanding_reads;
   if (auto opened = open_domain(call, *state, like.context); !opened) return fail(opened.error());
   state->teardown = {"Peer (last reference)", LogLevel::warning};
   return state;
@@ -165,6 +172,14 @@ RPMAPP_DECL expected<Peer> Peer::open(ibv_context* context) noexcept {
                              (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
     state->iwarp = context->device != nullptr &&
                    context->device->transport_type == IBV_TRANSPORT_IWARP;
+    const ibv_device_attr& limits = attr.orig_attr;
+    state->atomics = limits.atomic_cap != IBV_ATOMIC_NONE;
+    state->max_queue_wr = static_cast<std::uint32_t>(std::max(limits.max_qp_wr, 0));
+    state->max_sge = static_cast<std::uint32_t>(std::max(limits.max_sge, 0));
+    state->max_read_sge = static_cast<std::uint32_t>(std::max(limits.max_sge_rd, 0));
+    state->max_cqe = static_cast<std::uint32_t>(std::max(limits.max_cqe, 0));
+    state->max_srq_wr = static_cast<std::uint32_t>(std::max(limits.max_srq_wr, 0));
+    state->max_outstanding_reads = static_cast<std::uint32_t>(std::max(limits.max_qp_init_rd_atom, 0));
     if (auto opened = detail::open_domain(call, *state, context); !opened) return detail::fail(opened.error());
     state->teardown = {"Peer (last reference)", LogLevel::warning};
     return Peer(std::move(state));
@@ -277,6 +292,26 @@ RPMAPP_DECL expected<std::string> Peer::device_name() const noexcept {
   return detail::no_throw("Peer::device_name", [&]() -> expected<std::string> {
     return std::string(detail::device_name(state_->context));
   });
+}
+
+RPMAPP_DECL expected<DeviceCapabilities> Peer::capabilities() const noexcept {
+  if (!state_) return detail::fail(detail::moved_from("Peer::capabilities"));
+  const detail::PeerState& s = *state_;
+  DeviceCapabilities caps;
+  caps.iwarp = s.iwarp;
+  caps.atomics = s.atomics;
+  caps.immediate_data = !s.iwarp;
+  caps.native_atomic_write = s.native_atomic_write;
+  caps.native_flush = s.native_flush;
+  caps.memory_windows = s.memory_windows;
+  caps.odp = s.odp;
+  caps.max_queue_wr = s.max_queue_wr;
+  caps.max_sge = s.max_sge;
+  caps.max_read_sge = s.max_read_sge;
+  caps.max_cqe = s.max_cqe;
+  caps.max_srq_wr = s.max_srq_wr;
+  caps.max_outstanding_reads = s.max_outstanding_reads;
+  return caps;
 }
 
 RPMAPP_END_NAMESPACE

@@ -28,6 +28,10 @@ RPMAPP_DECL expected<SharedCq> SharedCq::create(const Peer& peer, const SharedCq
   if (config.size == 0 || config.size > 0x7fffffffu)
     return detail::fail(detail::invalid(call, "size {} must be 1 to 2^31-1", config.size));
   ibv_context* context = peer.state()->context;
+  if (config.size > peer.state()->max_cqe)
+    return detail::fail(detail::invalid(call, "size {} is more than the {} entries per completion queue (max_cqe) "
+                                              "that {} allows",
+                                        config.size, peer.state()->max_cqe, detail::device_name(context)));
   if (config.completion_vector < 0 ||
       (config.completion_vector > 0 && config.completion_vector >= context->num_comp_vectors))
     return detail::fail(detail::invalid(call, "completion_vector {} is not in 0..{} (the device's vectors)",

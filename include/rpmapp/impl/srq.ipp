@@ -29,6 +29,15 @@ RPMAPP_DECL expected<Srq> Srq::create(const Peer& peer, const SrqConfig& config)
   if (config.rq_size == 0) return detail::fail(detail::invalid(call, "rq_size must be at least 1"));
   if (config.rq_size > 0x7fffffffu || config.rcq_size > 0x7fffffffu)
     return detail::fail(detail::invalid(call, "rq_size and rcq_size must fit in an int"));
+  const detail::PeerState& device = *peer.state();
+  if (config.rq_size > device.max_srq_wr)
+    return detail::fail(detail::invalid(call, "rq_size {} is more than the {} work requests per shared receive "
+                                              "queue (max_srq_wr) that {} allows",
+                                        config.rq_size, device.max_srq_wr, detail::device_name(device.context)));
+  if (config.rcq_size > device.max_cqe)
+    return detail::fail(detail::invalid(call, "rcq_size {} is more than the {} entries per completion queue "
+                                              "(max_cqe) that {} allows",
+                                        config.rcq_size, device.max_cqe, detail::device_name(device.context)));
   return detail::no_throw(call, [&]() -> expected<Srq> {
     const detail::Provider& p = detail::provider();
     auto state = std::make_shared<detail::SrqState>();
