@@ -4,6 +4,9 @@
 // its own at the server's write offset, and tells the server in a message. Once the server
 // says it revoked the grant, a read through the same descriptor must fail with a remote
 // access error. Prints `read: "<text>"`, then `after revocation: remote access error`.
+// On iWARP the responder answers a bad key with a TERMINATE message and siw then ends the
+// connection: the read is flushed instead (`after revocation: flushed, the connection
+// terminated (iWARP)`).
 #include "librpma_common.hpp"
 
 #include <cstring>
@@ -67,12 +70,18 @@ int main(int argc, char** argv) {
     return fail("rpma_read", ret);
   ibv_wc wc{};
   if (next_completion(client.conn, &wc) != 0) return 1;
-  if (wc.status != IBV_WC_REM_ACCESS_ERR) {
-    std::fprintf(stderr, "error: a read through the revoked grant completed with %s, not a remote access error\n",
-                 ibv_wc_status_str(wc.status));
+  ibv_context* device = nullptr;
+  if (int ret = rpma_utils_get_ibv_context(addr, RPMA_UTIL_IBV_CONTEXT_REMOTE, &device); ret != 0)
+    return fail("rpma_utils_get_ibv_context", ret);
+  const bool iwarp = device->device->transport_type == IBV_TRANSPORT_IWARP;
+  const ibv_wc_status want = iwarp ? IBV_WC_WR_FLUSH_ERR : IBV_WC_REM_ACCESS_ERR;
+  if (wc.status != want) {
+    std::fprintf(stderr, "error: a read through the revoked grant completed with %s, not %s\n",
+                 ibv_wc_status_str(wc.status), ibv_wc_status_str(want));
     return 1;
   }
-  std::printf("after revocation: remote access error\n");
+  std::printf(iwarp ? "after revocation: flushed, the connection terminated (iWARP)\n"
+                    : "after revocation: remote access error\n");
 
   return client.close();
 }
