@@ -188,7 +188,10 @@ class Conn {
   // wr_id. The memory must stay registered until the operation completes.
   // Errors common to all: inval when the Conn is empty or an argument is bad (the reason
   // says which); provider: ibv_post_send / ibv_post_recv failed (ENOMEM: the queue is
-  // full: more work requests in flight than its size).
+  // full: more work requests in flight than its size); again for every operation but recv
+  // on the accepting side of an iWARP connection until its ConnEvent::established was read
+  // (next_event, an event loop's watch or co_await): before it, what it posts can reach the
+  // client ahead of the MPA reply and end the connection (measured on siw).
   // Thread safety: one thread at a time per Conn.
 
   /// RDMA READ of `len` bytes from the peer's `src` at `src_offset` into `dst` at

@@ -611,6 +611,68 @@ TEST_CASE("on an iWARP device (siw's provider): a receive of 0 bytes has one emp
   fake.expect_clean();
 }
 
+TEST_CASE("on an iWARP device the accepting side posts sends, writes and reads only once it saw "
+          "established (again naming the device; receives go before it); the connecting side and "
+          "IB/RoCE are not held back",
+          "[data][iwarp][first]") {
+  fake::FakeProvider fake;
+  fake.set_caps(1, fake::DeviceCaps::siw());
+  {
+    Peer siw = open_peer(fake, 1);
+    Peer rxe = open_peer(fake, 0);
+    Buffer local{4096};
+    MrLocal siw_mr = reg(siw, local, all_usages);
+    Buffer rxe_local{4096};
+    MrLocal rxe_mr = reg(rxe, rxe_local, all_usages);
+    Endpoint siw_ep = listen_on(siw, "169.254.78.1");
+    Endpoint rxe_ep = listen_on(rxe, "169.254.77.1");
+    const std::array<std::byte, 8> value{};
+    auto every_post = [&](Conn& conn, const MrLocal& mr) {
+      return std::vector<expected<void>>{conn.send(mr, 0, 8), conn.write(peer_region, 0, mr, 0, 8),
+                                         conn.read(mr, 0, peer_region, 0, 8), conn.atomic_write(peer_region, 0, value),
+                                         conn.flush(peer_region, 0, 8, FlushType::visibility)};
+    };
+    ConnConfig cfg;
+    cfg.sq_size = 16;
+    auto accepted = take_request(fake, siw_ep, {1, "", "169.254.78.20", 40001}, cfg).connect();
+    REQUIRE(accepted);
+    auto before = fake.posted().size();
+    const auto mark = fake.mark();
+    for (const auto& refused : every_post(*accepted, siw_mr)) {
+      REQUIRE_FALSE(refused);
+      INFO(refused.error().message());
+      CHECK(refused.error().code() == errc::again);
+      CHECK_THAT(refused.error().message(),
+                 Catch::Contains("fake1 is an iWARP device: the accepting side may post sends, writes and reads "
+                                 "only once it saw ConnEvent::established"));
+    }
+    CHECK(fake.calls_since(mark).empty());
+    CHECK(posted_since(fake, before).empty());
+    REQUIRE(accepted->recv(siw_mr, 0, 8));  // a receive waits for the peer: it may go first
+    fake.inject_event(*accepted->fd(), RDMA_CM_EVENT_ESTABLISHED);
+    REQUIRE(*accepted->try_next_event() == ConnEvent::established);
+    before = fake.posted().size();
+    for (const auto& posted : every_post(*accepted, siw_mr)) {
+      INFO((posted ? std::string() : posted.error().message()));
+      CHECK(posted);
+    }
+    CHECK(posted_since(fake, before).size() == 5);
+
+    // The connecting side on iWARP, and an accepting side on IB/RoCE, post at once.
+    Conn out = connected(fake, siw, cfg, "169.254.78.9");
+    auto rxe_accepted = take_request(fake, rxe_ep, {0, "", "169.254.77.20", 40002}, cfg).connect();
+    REQUIRE(rxe_accepted);
+    for (auto* side : {&out, &*rxe_accepted}) {
+      const MrLocal& mr = side == &out ? siw_mr : rxe_mr;
+      for (const auto& posted : every_post(*side, mr)) {
+        INFO((posted ? std::string() : posted.error().message()));
+        CHECK(posted);
+      }
+    }
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("a moved-from Conn: every data-path call is inval", "[data][moved]") {
   fake::FakeProvider fake;
   {

@@ -18,6 +18,7 @@
 #include <rpmapp/srq.hpp>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -114,6 +115,11 @@ struct ConnectionCore {
   bool closed_reported = false;       // ConnEvent::closed was reported
   bool lost_reported = false;         // ConnEvent::lost was reported for path.failed
   bool device_removed = false;        // ConnEvent::lost was reported for DEVICE_REMOVAL
+  /// An accepting side on iWARP until its ESTABLISHED event is read (take_conn_event):
+  /// sends, writes and reads posted before it can reach the client ahead of the MPA reply
+  /// and end the connection (measured on siw), so they are refused (await_established).
+  /// Atomic: the data path may run on another thread than the event reader.
+  std::atomic<bool> before_established{false};
   bool completion_fds_nonblocking = false;  // an event loop made them O_NONBLOCK
   /// The main CQ [0] and the receive CQ [1] whose event an event loop took and which it has
   /// not re-armed yet (ibv_req_notify_cq failed): such a queue raises no event until then,

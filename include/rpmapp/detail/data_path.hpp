@@ -107,6 +107,14 @@ inline unsigned signaled(Completion when) noexcept {
                     device_name(device));
 }
 
+[[gnu::cold, gnu::noinline]] inline Error not_established_yet(const char* call, const ibv_context* device) noexcept {
+  return make_error(errc::again, 0, call,
+                    "{} is an iWARP device: the accepting side may post sends, writes and reads only once it "
+                    "saw ConnEvent::established (before it they can reach the client ahead of the MPA reply "
+                    "and end the connection)",
+                    device_name(device));
+}
+
 /// The failure of the public function `call` in the post `post_call`.
 [[gnu::cold, gnu::noinline]] inline Error post_error(const char* call, const char* post_call, int rc) noexcept {
   // The verbs return an errno value; siw's provider returns it negated (-EINVAL, -ENOMEM).

@@ -11,10 +11,20 @@ namespace detail {
 
 inline ibv_qp* qp_of(const ConnectionCore& core) noexcept { return core.id->qp; }
 
+/// again on an accepting side on iWARP before its ESTABLISHED event (ConnectionCore::
+/// before_established); receives are not checked (they wait for the peer).
+inline expected<void> await_established(const char* call, const ConnectionCore& core) noexcept {
+  if (core.before_established.load(std::memory_order_acquire)) [[unlikely]]
+    return fail(not_established_yet(call, core.peer->context));
+  return {};
+}
+
 inline expected<void> read(const char* call, ConnectionCore& core, const MrLocal& dst,
                            std::size_t dst_offset, const MrRemote& src, std::size_t src_offset,
                            std::size_t len, Completion when, std::uint64_t context) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
+    return ok;
+  if (auto ok = await_established(call, core); !ok) [[unlikely]]
     return ok;
   auto sge = local_sge(call, dst, dst_offset, len, MrUsage::read_dst, core.peer->pd.get());
   if (!sge) [[unlikely]]
@@ -30,6 +40,8 @@ inline expected<void> write(const char* call, ConnectionCore& core, const MrRemo
                             std::size_t len, Completion when, std::uint64_t context,
                             ibv_wr_opcode opcode, std::uint32_t imm) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
+    return ok;
+  if (auto ok = await_established(call, core); !ok) [[unlikely]]
     return ok;
   if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM && core.peer->iwarp) [[unlikely]]
     return fail(no_immediate_data(call, core.peer->context));
@@ -47,6 +59,8 @@ inline expected<void> atomic_write(const char* call, ConnectionCore& core, const
                                    std::size_t dst_offset, std::span<const std::byte, 8> value,
                                    Completion when, std::uint64_t context) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
+    return ok;
+  if (auto ok = await_established(call, core); !ok) [[unlikely]]
     return ok;
   if (auto ok = check_remote(call, dst, dst_offset, 8, MrUsage::write_dst); !ok) [[unlikely]]
     return ok;
@@ -81,6 +95,8 @@ inline expected<void> flush(const char* call, ConnectionCore& core, const MrRemo
                             std::size_t dst_offset, std::size_t len, FlushType type,
                             Completion when, std::uint64_t context) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
+    return ok;
+  if (auto ok = await_established(call, core); !ok) [[unlikely]]
     return ok;
   if (type != FlushType::persistent && type != FlushType::visibility) [[unlikely]]
     return fail(invalid(call, "flush type {} is neither persistent nor visibility", static_cast<int>(type)));
@@ -123,6 +139,8 @@ inline expected<void> send(const char* call, ConnectionCore& core, const MrLocal
                            std::size_t offset, std::size_t len, Completion when,
                            std::uint64_t context, ibv_wr_opcode opcode, std::uint32_t imm) noexcept {
   if (auto ok = check_completion_flag(call, when); !ok) [[unlikely]]
+    return ok;
+  if (auto ok = await_established(call, core); !ok) [[unlikely]]
     return ok;
   if (opcode == IBV_WR_SEND_WITH_IMM && core.peer->iwarp) [[unlikely]]
     return fail(no_immediate_data(call, core.peer->context));

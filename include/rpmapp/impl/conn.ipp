@@ -28,7 +28,9 @@ take_conn_event(const char* call, ConnectionCore& core,
     if (auto acked = ack(*event); !acked) return fail(acked.error());
     if (carries_data && !data.empty()) core.private_data.swap(data);
     switch (type) {
-      case RDMA_CM_EVENT_ESTABLISHED: return ConnEvent::established;
+      case RDMA_CM_EVENT_ESTABLISHED:
+        core.before_established.store(false, std::memory_order_release);
+        return ConnEvent::established;
       case RDMA_CM_EVENT_CONNECT_ERROR: return ConnEvent::lost;
       // The address's netdev took another hardware address (a bonding failover): rdma_cm
       // says to re-establish; on rxe the queue pair's sends then fail (measured).

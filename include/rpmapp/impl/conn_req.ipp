@@ -32,6 +32,7 @@ RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_d
   rdma_conn_param param = detail::conn_param(private_data, core->config);
   errno = 0;
   if (incoming_) {
+    core->before_established.store(core->peer->iwarp, std::memory_order_release);
     if (detail::provider().accept(core->id.get(), &param) != 0)
       return detail::fail(detail::provider_error_in(call, "rdma_accept", errno));
     core->reject_unanswered = false;
