@@ -271,7 +271,7 @@ class Peer {
   /// atomics, immediate data, the probes above, and the sizes a connection's queues may
   /// have (a ConnConfig beyond them is inval naming the device, before anything is
   /// created). Not in the device's attributes, so not here: the largest inline message
-  /// (Conn::max_inline_data() is the queue pair's) and whether the provider has extended
+  /// (ibv_query_qp on Conn::qp() gives the queue pair's) and whether the provider has extended
   /// queue pairs. Errors: inval when empty.
   expected<DeviceCapabilities> capabilities() const noexcept;
 
