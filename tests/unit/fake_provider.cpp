@@ -449,7 +449,7 @@ struct FakeProvider::Impl {
   // rdma_create_qp and rdma_create_qp_ex: librdmacm's checks, then ibv_create_qp's.
   static int make_qp(const char* call, rdma_cm_id* id, ibv_pd* pd, ibv_cq* send_cq,
                      ibv_cq* recv_cq, ibv_srq* srq, ibv_qp_cap& cap, ibv_qp_type type,
-                     bool atomic_write, bool flush = false) {
+                     bool atomic_write, bool flush = false, bool extended = false) {
     if (!id_ok(id, call)) return -1;
     if (!f().pds_.count(pd) || id->qp != nullptr) {
       f().note(std::string(call) + ": bad pd, attributes, or the id already has a qp");
@@ -471,6 +471,11 @@ struct FakeProvider::Impl {
       return -1;
     }
     const int device = f().device_of_context(id->verbs);
+    // ibv_create_qp_ex: a comp_mask beyond the pd needs the provider's create_qp_ex
+    if (extended && !f().caps_[device].extended_qps) {
+      errno = EOPNOTSUPP;
+      return -1;
+    }
     if (atomic_write && !(f().caps_[device].device_cap_flags_ex & DeviceCaps::atomic_write_flag)) {
       errno = EOPNOTSUPP;
       return -1;
@@ -539,7 +544,8 @@ struct FakeProvider::Impl {
     const bool flush = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
                        (attr->send_ops_flags & rpmapp::detail::native_flush_abi::qp_ex_with_flush);
     if (make_qp("rdma_create_qp_ex", id, attr->pd, attr->send_cq, attr->recv_cq, attr->srq,
-                attr->cap, attr->qp_type, atomic_write, flush) != 0)
+                attr->cap, attr->qp_type, atomic_write, flush,
+                attr->comp_mask != IBV_QP_INIT_ATTR_PD) != 0)
       return -1;
     f().last_qp_attr_ex = *attr;
     return 0;

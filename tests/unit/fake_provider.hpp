@@ -130,6 +130,10 @@ struct DeviceCaps {
   /// Not in the device's attributes: the largest max_inline_data a queue pair may ask for
   /// (the fake's own 256; siw's SIW_MAX_INLINE, 80).
   std::uint32_t max_inline_data = 256;
+  /// Whether the provider has create_qp_ex (rxe, mlx5): libibverbs' ibv_create_qp_ex
+  /// takes a comp_mask beyond IBV_QP_INIT_ATTR_PD only then, else EOPNOTSUPP (siw, irdma
+  /// and cxgb4 have none).
+  bool extended_qps = true;
   /// A device without memory windows (siw; ibv_alloc_mw then gives EOPNOTSUPP).
   static DeviceCaps without_windows() {
     DeviceCaps c;
@@ -147,6 +151,7 @@ struct DeviceCaps {
     c.max_cqe = 3276800;
     c.max_srq_wr = 327680;
     c.max_inline_data = 80;
+    c.extended_qps = false;
     return c;
   }
   /// ODP for RC reads and writes (what librpma requires).

@@ -97,8 +97,11 @@ struct Client {
   int close();
 };
 
-/// Checks `prog ADDR PORT`.
-inline bool parse_args(int argc, char** argv) {
+/// Checks `prog ADDR PORT` and sends librpma's own error messages to stderr as well (by
+/// default they go to syslog only): a failed run's log then names the call inside librpma
+/// that failed and its errno, not only the RPMA_E_* code.
+inline bool start(int argc, char** argv) {
+  (void)rpma_log_set_threshold(RPMA_LOG_THRESHOLD_AUX, RPMA_LOG_LEVEL_ERROR);
   if (argc == 3) return true;
   std::fprintf(stderr, "usage: %s ADDR PORT\n", argc > 0 ? argv[0] : "librpma");
   return false;

@@ -22,7 +22,7 @@ static constexpr char written[] = "Written by the librpma grant client";
 
 int main(int argc, char** argv) {
   using namespace interop;
-  if (!parse_args(argc, argv)) return 2;
+  if (!start(argc, argv)) return 2;
   const char* addr = argv[1];
   const char* port = argv[2];
 

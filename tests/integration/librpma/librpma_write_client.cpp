@@ -10,7 +10,7 @@ static const char text[] = "Written by the librpma write client";
 
 int main(int argc, char** argv) {
   using namespace interop;
-  if (!parse_args(argc, argv)) return 2;
+  if (!start(argc, argv)) return 2;
   const char* addr = argv[1];
   const char* port = argv[2];
 

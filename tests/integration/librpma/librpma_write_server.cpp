@@ -9,7 +9,7 @@ static constexpr size_t buffer_size = 1024;
 
 int main(int argc, char** argv) {
   using namespace interop;
-  if (!parse_args(argc, argv)) return 2;
+  if (!start(argc, argv)) return 2;
   const char* addr = argv[1];
   const char* port = argv[2];
 
