@@ -191,6 +191,22 @@ TEST_CASE("a provider ENOMEM is nomem, other errnos are provider", "[error]") {
   CHECK(other.call() == "ibv_create_cq");
 }
 
+TEST_CASE("a provider call that fails without errno says so", "[error]") {
+  CHECK(detail::provider_error("ibv_create_cq", 0).message() ==
+        "ibv_create_cq: provider error: the call failed without setting errno");
+  CHECK(detail::provider_error("ibv_poll_cq", 0, "returned -1").message() ==
+        "ibv_poll_cq: provider error: returned -1");
+  // through a Peer's queue: what siw's provider does at its 145th CQ in a context
+  fake::FakeProvider fake;
+  Peer peer = open_peer(fake);
+  fake.fail("ibv_create_cq", 0);
+  auto cq = SharedCq::create(peer, {});
+  REQUIRE_FALSE(cq);
+  CHECK(cq.error().code() == errc::provider);
+  CHECK(cq.error().sys_errno() == 0);
+  CHECK_THAT(str(cq.error().message()), Catch::Contains("ibv_create_cq: provider error: the call failed without setting errno"));
+}
+
 TEST_CASE("reasons are formatted as fmt formats them", "[error]") {
   // detail::format_to_n stands in for fmt::format_to_n in every reason and log line (a
   // macro: the format string must stay a literal for the compile-time check).
