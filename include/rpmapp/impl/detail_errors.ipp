@@ -13,8 +13,8 @@ RPMAPP_BEGIN_NAMESPACE
 
 RPMAPP_DECL Error detail::provider_error(std::string_view call, int sys_errno,
                                          std::string_view reason) noexcept {
-  // siw's provider fails ibv_create_cq without setting errno once a context holds 144
-  // small CQs (kernel 6.1): the message must still say what happened
+  // siw's provider fails a queue whose mmap key is its "invalid key" (page 144 of the
+  // context) without setting errno: the message must still say what happened
   if (sys_errno == 0 && reason.empty()) reason = "the call failed without setting errno";
   return Error(sys_errno == ENOMEM ? errc::nomem : errc::provider, sys_errno, call, reason);
 }
