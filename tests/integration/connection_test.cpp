@@ -72,16 +72,19 @@ TEST_CASE("dropping an incoming request rejects it", "[conn][reject]") {
   CHECK(wait_event(client, "client") == ConnEvent::rejected);
 }
 
-TEST_CASE("private data both ways, zero-padded by rdma_cm, compared by prefix",
+TEST_CASE("private data both ways, zero-padded by rdma_cm on IB/RoCE, at its length on iWARP, "
+          "compared by prefix",
           "[conn][private_data]") {
   const std::string ip = ip1();
   Peer peer = local_peer(ip);
+  const bool iwarp = is_iwarp(ip);
   Endpoint ep = MUST(Endpoint::listen(peer, ip, "0"));
   Conn client = start_client(peer, ip, port_text(ep), "hello from the client");
   ConnReq req = take_request(ep);
   auto request_data = MUST(req.private_data());
   CHECK(starts_with(request_data, "hello from the client"));
-  CHECK(request_data.size() == 56);  // padded to RDMA_PS_TCP's REQ size
+  // IB CM pads to RDMA_PS_TCP's REQ size; MPA carries the exact length
+  CHECK(request_data.size() == (iwarp ? std::string_view("hello from the client").size() : 56));
 
   // copy_private_data: too small writes nothing; big enough copies all.
   std::vector<std::byte> small(8, std::byte{0x5a});
@@ -95,7 +98,7 @@ TEST_CASE("private data both ways, zero-padded by rdma_cm, compared by prefix",
   establish(client, server);
   auto accept_data = MUST(client.private_data());
   CHECK(starts_with(accept_data, "welcome from the server"));
-  CHECK(accept_data.size() == 196);  // padded to RDMA_PS_TCP's REP size
+  CHECK(accept_data.size() == (iwarp ? std::string_view("welcome from the server").size() : 196));
   CHECK(starts_with(MUST(server.private_data()), "hello from the client"));
   disconnect_both(client, server);
 }
@@ -166,9 +169,10 @@ void private_data_limits_hold(const std::string& ip, const rpmapp::PrivateDataLi
 }  // namespace
 
 TEST_CASE("oversize private data is inval, sends nothing, and leaves the request usable; the limits "
-          "arrive whole (IB/RoCE, rxe)",
+          "of the device's transport arrive whole",
           "[conn][private_data]") {
-  private_data_limits_hold(ip1(), rpmapp::private_data_limits(false));
+  const std::string ip = ip1();
+  private_data_limits_hold(ip, rpmapp::private_data_limits(is_iwarp(ip)));
 }
 
 TEST_CASE("on iWARP (siw0) the private data limit is 251 bytes for connect, accept and reject, and "
@@ -409,11 +413,16 @@ TEST_CASE("reuse_event_channel: the next connections run on the released ones' c
   CHECK(::fcntl(server_fd, F_GETFD) != -1);
 }
 
-TEST_CASE("connecting to a port with no listener is rejected or unreachable, not a hang",
+TEST_CASE("connecting to a port with no listener is rejected or unreachable (IB/RoCE) or refused by "
+          "connect (iWARP), not a hang",
           "[conn][events]") {
   const std::string ip = ip1();
   Peer peer = local_peer(ip);
   const std::string port = unused_port(peer, ip);
+  if (is_iwarp(ip)) {
+    connect_refused_by_tcp(peer, ip, port);
+    return;
+  }
   Conn client = start_client(peer, ip, port, "anyone?");
   const ConnEvent event = wait_event(client, "client");
   CAPTURE(event);

@@ -108,8 +108,10 @@ TEST_CASE("a listener bound to the first address never sees a request for the se
 TEST_CASE("a wildcard listener with one Peer per device serves clients on both devices",
           "[devices][wildcard]") {
   Devices d;
+  // On iWARP "" refuses IPv4 clients (endpoint_test); the devices' transports may differ.
+  const bool any_iwarp = MUST(d.peer0.iwarp()) || MUST(d.peer1.iwarp());
   const Peer peers[] = {std::move(d.peer0), std::move(d.peer1)};
-  Endpoint ep = MUST(Endpoint::listen(std::span<const Peer>(peers), "", "0"));
+  Endpoint ep = MUST(Endpoint::listen(std::span<const Peer>(peers), any_iwarp ? "0.0.0.0" : "", "0"));
   CHECK(MUST(ep.device()).empty());
   const std::string port = port_text(ep);
 

@@ -1,5 +1,5 @@
 // rpmapp::EventLoop on a real RDMA stack (Soft-RoCE in tools/rpmapp-vm): a callback server
-// with 32 clients (two loops on two threads), two handles of one listen_shared listener
+// with 32 clients (16 on iWARP; two loops on two threads), two handles of one listen_shared listener
 // with the same handler served by two loops on two threads (each request handled exactly
 // once), a different handler refused, a Conn destroyed by its own handler, and a
 // completion handler delivering a real send and receive.
@@ -135,10 +135,11 @@ class Clients {
 // thread, connects at once. Each request's private data is echoed in the accept; the
 // client disconnects once established; the server's event handler destroys its connection
 // on closed.
-TEST_CASE("event loop: a callback server serves 32 clients connecting at once", "[event_loop][callback]") {
+TEST_CASE("event loop: a callback server serves 32 clients (16 on iWARP) connecting at once",
+          "[event_loop][callback]") {
   const std::string ip = ip1();
   Peer peer = local_peer(ip);
-  constexpr int clients = 32;
+  const int clients = clients_on(ip, 32);
   Problems problems;
   EventLoop server_loop = MUST(EventLoop::create());
   EventLoop client_loop = MUST(EventLoop::create());
@@ -224,7 +225,7 @@ TEST_CASE("event loop: a callback server serves 32 clients connecting at once", 
 }
 
 // ib_cm_insert_listen: a listener shared by two handles with the same handler, each served
-// by a loop on its own thread. 64 requests; the handler rejects each, naming it in the reject
+// by a loop on its own thread. 64 requests (16 on iWARP); the handler rejects each, naming it in the reject
 // data. Each must reach the handler exactly once. To make sure both loops take some, the
 // very first call waits (bounded) until the other loop has taken one: meanwhile only that
 // loop can.
@@ -232,7 +233,7 @@ TEST_CASE("event loop: two handles of one shared listener in two loops on two th
           "[event_loop][shared]") {
   const std::string ip = ip1();
   Peer peer = local_peer(ip);
-  constexpr int requests = 64;
+  const int requests = clients_on(ip, 64);  // each an outgoing request with its queue pair
   Problems problems;
 
   std::mutex mutex;

@@ -10,6 +10,8 @@
 
 #include <rpmapp/rpmapp.hpp>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -80,6 +82,16 @@ inline rpmapp::Peer local_peer(const std::string& ip) {
   return MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
 }
 
+// Whether the device at `ip` is iWARP: run-suite's iWARP pass runs every test on siw0, and a
+// test whose behaviour differs by transport checks each transport's own.
+inline bool is_iwarp(const std::string& ip) { return MUST(local_peer(ip).iwarp()); }
+
+// How many clients a test of many connections in one process runs on the device at `ip`:
+// `wanted`, at most 16 on iWARP: siw's provider fails the queue that a process maps at page
+// 144 of its device context (docs/peer.md, "queues per process"), which 32 clients and their
+// server, each connection with its CQ and queue pair, pass.
+inline int clients_on(const std::string& ip, int wanted) { return is_iwarp(ip) ? std::min(wanted, 16) : wanted; }
+
 inline std::string port_text(const rpmapp::Endpoint& ep) { return std::to_string(MUST(ep.port())); }
 
 // A client on `peer` connecting to ip:port with `pdata` as private data.
@@ -109,6 +121,28 @@ inline void establish(rpmapp::Conn& client, rpmapp::Conn& server) {
   CHECK(wait_event(client, "client") == rpmapp::ConnEvent::established);
   CHECK(wait_event(server, "server") == rpmapp::ConnEvent::established);
 }
+// iWARP: the kernel resets an IPv4 client's connection to a dual-stack ("") listener (rping
+// on siw0 shows the same: REJECTED, ECONNRESET); the client sees rejected and the listener
+// gets nothing. The tests that listen on "" check this on iWARP, and 0.0.0.0 serving.
+inline void ipv4_client_refused_by_dual_stack(rpmapp::Endpoint& ep, const rpmapp::Peer& peer,
+                                              const std::string& ip) {
+  rpmapp::Conn client = start_client(peer, ip, port_text(ep), "IPv4 client");
+  CHECK(wait_event(client, "IPv4 client") == rpmapp::ConnEvent::rejected);
+  CHECK(MUST_FAIL(ep.try_next_conn_req()).code() == rpmapp::errc::no_event);
+}
+
+// iWARP's rdma_connect makes the TCP connection itself, synchronously: where nothing listens
+// for the address, the call fails with ECONNREFUSED (IB CM answers with an event instead).
+inline void connect_refused_by_tcp(const rpmapp::Peer& peer, const std::string& ip,
+                                   const std::string& port) {
+  auto req = MUST(rpmapp::ConnReq::to(peer, ip, port));
+  const rpmapp::Error e = MUST_FAIL(std::move(req).connect(rpmapp::as_bytes("anyone?")));
+  INFO(e.message());
+  CHECK(e.code() == rpmapp::errc::provider);
+  CHECK(e.call() == "rdma_connect");
+  CHECK(e.sys_errno() == ECONNREFUSED);
+}
+
 // Both sides see closed. rdma_cm: the active side's DISCONNECTED comes with the passive
 // side's DREP, which rdma_disconnect on the passive side sends; so each side disconnects.
 inline void disconnect_both(rpmapp::Conn& client, rpmapp::Conn& server) {
