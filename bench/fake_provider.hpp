@@ -25,7 +25,7 @@ enum Call : unsigned char {
   c_create_event_channel, c_destroy_event_channel, c_create_id, c_destroy_id, c_bind_addr,
   c_listen, c_resolve_addr, c_resolve_route, c_get_cm_event,
   c_ack_cm_event, c_migrate_id, c_create_qp, c_destroy_qp, c_accept, c_reject, c_connect,
-  c_disconnect, c_get_devices, c_free_devices, c_get_device_list, c_free_device_list, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
+  c_disconnect, c_modify_qp, c_get_devices, c_free_devices, c_get_device_list, c_free_device_list, c_alloc_pd, c_dealloc_pd, c_create_comp_channel,
   c_destroy_comp_channel, c_create_cq, c_destroy_cq, c_req_notify_cq, c_fcntl, c_poll,
   c_query_device_ex, c_reg_mr, c_dereg_mr, c_advise_mr, c_create_qp_ex, c_post_send, c_post_recv,
   c_post_srq_recv, c_post_atomic_write, c_post_flush, c_poll_cq, c_get_cq_event, c_ack_cq_events, c_create_srq,
@@ -284,6 +284,11 @@ inline const rpmapp::detail::Provider provider = {
     [](rdma_cm_id* id) {
       note(c_disconnect);
       push(id->channel, id, RDMA_CM_EVENT_DISCONNECTED);
+      return 0;
+    },
+    // modify_qp (rpmapp moves an iWARP queue pair to the error state; the fake device is IB)
+    [](ibv_qp*, ibv_qp_attr*, int) {
+      note(c_modify_qp);
       return 0;
     },
     // get_devices: the one fake device, whose context is librdmacm's

@@ -314,7 +314,10 @@ class Conn {
   /// send neither a DREQ nor a DREP, so rdma_disconnect only moves the queue pair to the
   /// error state and returns success, and the peer may never see closed (seen on rxe when a
   /// client's message was answered before the server's ESTABLISHED arrived).
-  /// Errors: inval when empty; provider: rdma_disconnect failed.
+  /// Work still queued is flushed (IBV_WC_WR_FLUSH_ERR): rdma_disconnect moves an IB
+  /// queue pair to the error state; on iWARP, where it moves it only to SQD (siw then never
+  /// completes what is queued), disconnect() moves it to the error state itself first.
+  /// Errors: inval when empty; provider: rdma_disconnect or (iWARP) ibv_modify_qp failed.
   expected<void> disconnect() noexcept;
 
   /// Releases the queue pair, completion queues, cm_id and event channel (consumes the

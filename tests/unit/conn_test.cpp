@@ -1,4 +1,5 @@
 // Conn: next_event (three variants) and its event mapping, disconnect, close.
+#include "data_util.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>
@@ -272,6 +273,54 @@ TEST_CASE("Conn::disconnect", "[conn][fail-each]") {
     probe.check(done.error());
     CHECK(conn.disconnect());  // still usable
   });
+}
+
+// librdmacm's rdma_disconnect moves an iWARP queue pair only to SQD, where siw never
+// completes what is queued (measured on siw0: data_path_test [disconnect]); rpmapp moves it to
+// the error state, which flushes it as IB's rdma_disconnect does.
+TEST_CASE("Conn::disconnect on iWARP flushes queued work with a move to the error state before "
+          "rdma_disconnect; each call fails in turn",
+          "[conn][iwarp][fail-each]") {
+  fail_each_call({"ibv_modify_qp", "rdma_disconnect"}, kErr, [](fake::FakeProvider& fake, Probe& probe) {
+    fake.set_caps(0, fake::DeviceCaps::siw());
+    Peer peer = open_peer(fake);
+    Conn conn = connect_out(peer, "hello");
+    ibv_qp* qp = *conn.qp();
+    Buffer memory{64};
+    MrLocal mr = reg(peer, memory, MrUsage::recv);
+    REQUIRE(conn.recv(mr, 0, 64, 0x51));
+    REQUIRE(fake.outstanding_recvs(qp) == 1);
+    probe.begin();
+    auto done = conn.disconnect();
+    probe.end();
+    CHECK(conn);  // not consumed
+    if (probe.check_outcome(done)) {
+      // the move to the error state comes first (as librdmacm's on IB)
+      CHECK(fake.outstanding_recvs(qp) == (probe.injected()->call == "ibv_modify_qp" ? 1u : 0u));
+      CHECK(fake.disconnects.empty());
+      REQUIRE(conn.disconnect());  // still usable
+    }
+    CHECK(fake.disconnects.size() == 1);
+    CHECK(fake.outstanding_recvs(qp) == 0);
+    std::array<ibv_wc, 2> wc{};
+    auto got = conn.cq()->get(wc);
+    REQUIRE(got);
+    REQUIRE(got->size() == 1);
+    CHECK((*got)[0].wr_id == 0x51);
+    CHECK((*got)[0].status == IBV_WC_WR_FLUSH_ERR);
+  });
+}
+
+TEST_CASE("Conn::disconnect on IB leaves the flush to rdma_disconnect (no ibv_modify_qp)", "[conn][iwarp]") {
+  fake::FakeProvider fake;
+  {
+    Peer peer = open_peer(fake);
+    Conn conn = connect_out(peer, "hello");
+    const auto mark = fake.mark();
+    REQUIRE(conn.disconnect());
+    CHECK(fake.calls_since(mark) == std::vector<std::string>{"rdma_disconnect"});
+  }
+  fake.expect_clean();
 }
 
 TEST_CASE("Conn::close: each provider call fails in turn", "[conn][fail-each]") {

@@ -629,8 +629,20 @@ struct FakeProvider::Impl {
     auto lock = f().lock();
     if (fails("rdma_disconnect")) return -1;
     if (!id_ok(id, "rdma_disconnect")) return -1;
-    if (id->qp != nullptr && f().qps_.count(id->qp)) f().flush_qp(id->qp);  // ucma_modify_qp_err
+    // librdmacm's ucma_shutdown: IB, ucma_modify_qp_err (flushed); iWARP, ucma_modify_qp_sqd
+    // (siw's closing state: what is queued stays, never completed)
+    if (id->qp != nullptr && f().qps_.count(id->qp) && !on_iwarp(id->verbs)) f().flush_qp(id->qp);
     f().disconnects.push_back(id);
+    return 0;
+  }
+
+  // Only the move to the error state (what rpmapp asks for): everything queued is flushed.
+  static int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
+    auto lock = f().lock();
+    if (fails("ibv_modify_qp")) return errno;
+    if (qp == nullptr || !f().qps_.count(qp)) return EINVAL;
+    if (attr == nullptr || attr_mask != IBV_QP_STATE || attr->qp_state != IBV_QPS_ERR) return EINVAL;
+    f().flush_qp(qp);
     return 0;
   }
 
@@ -1825,6 +1837,7 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::reject>::call,
     Sentinel<&FakeProvider::Impl::connect>::call,
     Sentinel<&FakeProvider::Impl::disconnect>::call,
+    Sentinel<&FakeProvider::Impl::modify_qp>::call,
     Sentinel<&FakeProvider::Impl::get_devices>::call,
     Sentinel<&FakeProvider::Impl::free_devices>::call,
     Sentinel<&FakeProvider::Impl::get_device_list>::call,

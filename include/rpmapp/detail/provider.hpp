@@ -72,6 +72,8 @@ struct Provider {
   int (*reject)(rdma_cm_id*, const void* private_data, uint8_t len);
   int (*connect)(rdma_cm_id*, rdma_conn_param*);
   int (*disconnect)(rdma_cm_id*);
+  /// ibv_modify_qp: 0, or an errno value (siw's provider: negated).
+  int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int attr_mask);
   // librdmacm's own device contexts (open for the process; the array is the caller's)
   ibv_context** (*get_devices)(int* num_devices);
   void (*free_devices)(ibv_context**);
@@ -152,6 +154,7 @@ inline const Provider system_provider = {
     rdma_reject,
     rdma_connect,
     rdma_disconnect,
+    ibv_modify_qp,
     rdma_get_devices,
     rdma_free_devices,
     [](int* num_devices) { return ibv_get_device_list(num_devices); },  // a macro in some builds

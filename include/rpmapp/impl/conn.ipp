@@ -163,6 +163,14 @@ RPMAPP_DECL expected<Peer> Conn::peer() const noexcept {
 
 RPMAPP_DECL expected<void> Conn::disconnect() noexcept {
   if (!core_) return detail::fail(detail::moved_from("Conn::disconnect"));
+  // librdmacm moves an iWARP queue pair only to SQD (siw: closing), where work still queued
+  // never completes; the error state first flushes it, as rdma_disconnect does on IB.
+  if (ibv_qp* qp = core_->id->qp; qp != nullptr && core_->peer->iwarp) {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    if (const int rc = detail::provider().modify_qp(qp, &attr, IBV_QP_STATE); rc != 0)
+      return detail::fail(detail::provider_error_in("Conn::disconnect", "ibv_modify_qp", rc < 0 ? -rc : rc));
+  }
   errno = 0;
   if (detail::provider().disconnect(core_->id.get()) != 0)
     return detail::fail(detail::provider_error_in("Conn::disconnect", "rdma_disconnect", errno));
