@@ -187,9 +187,29 @@ TEST_CASE("write and read move the right bytes at 1 B, 8 B, 4 KiB and 1 MiB", "[
   link.close();
 }
 
-TEST_CASE("write_with_imm: the bytes land and the receiver's completion has the immediate value",
+namespace {
+
+// iWARP has no immediate data: rpmapp refuses it before posting, naming the device.
+void expect_no_immediate_data(const rpmapp::expected<void>& refused, const Link& link) {
+  REQUIRE_FALSE(refused);
+  INFO(refused.error().message());
+  CHECK(refused.error().code() == errc::nosupp);
+  CHECK_THAT(refused.error().message(), Catch::Contains(MUST(link.client_peer.device_name()) +
+                                                        " is an iWARP device, and iWARP has no immediate data"));
+}
+
+}  // namespace
+
+TEST_CASE("write_with_imm: the bytes land and the receiver's completion has the immediate value; on "
+          "iWARP it is nosupp",
           "[data][write_with_imm]") {
   Link link;
+  if (MUST(link.client_peer.iwarp())) {
+    expect_no_immediate_data(link.client.write_with_imm(link.remote, 0, link.client_mr, 0, 8, 7), link);
+    expect_empty(cq_of(link.client), "client");
+    link.close();
+    return;
+  }
   for (std::size_t n : sizes) {
     INFO("size " << n);
     const std::uint32_t imm = 0xa1b2c300u + static_cast<std::uint32_t>(n % 251);
@@ -211,9 +231,11 @@ TEST_CASE("write_with_imm: the bytes land and the receiver's completion has the 
   link.close();
 }
 
-TEST_CASE("send/recv and send_with_imm: the message lands in the posted receive, both ways",
+TEST_CASE("send/recv and send_with_imm: the message lands in the posted receive, both ways; on iWARP "
+          "send_with_imm is nosupp",
           "[data][send]") {
   Link link;
+  const bool iwarp = MUST(link.client_peer.iwarp());
   for (std::size_t n : sizes) {
     INFO("size " << n);
     // The client sends; the server's receive has room for 16 bytes more than the message.
@@ -230,6 +252,10 @@ TEST_CASE("send/recv and send_with_imm: the message lands in the posted receive,
     CHECK(first_difference(link.server_mem, expected) == -1);
 
     // The server sends with immediate data; the client receives.
+    if (iwarp) {
+      expect_no_immediate_data(link.server.send_with_imm(link.server_mr, src_offset, n, 7), link);
+      continue;
+    }
     const std::uint32_t imm = 0x0102'0304u * static_cast<std::uint32_t>(n % 7 + 1);
     fill(link.server_mem, 9);
     fill(link.client_mem, 10);
@@ -297,14 +323,8 @@ TEST_CASE("on iWARP (siw0): private data at its exact length, writes, reads, mes
   expect_done(next_wc(cq_of(link.client), "client"), IBV_WC_RDMA_WRITE, 0x6300);
   CHECK(std::memcmp(link.server_mem.data() + 64, value.data(), 8) == 0);
   // No immediate data on iWARP: refused before posting, naming the device.
-  for (auto refused : {link.client.write_with_imm(link.remote, 0, link.client_mr, 0, 8, 7),
-                       link.client.send_with_imm(link.client_mr, 0, 8, 7)}) {
-    REQUIRE_FALSE(refused);
-    INFO(refused.error().message());
-    CHECK(refused.error().code() == errc::nosupp);
-    CHECK_THAT(refused.error().message(),
-               Catch::Contains(device + " is an iWARP device, and iWARP has no immediate data"));
-  }
+  expect_no_immediate_data(link.client.write_with_imm(link.remote, 0, link.client_mr, 0, 8, 7), link);
+  expect_no_immediate_data(link.client.send_with_imm(link.client_mr, 0, 8, 7), link);
   expect_empty(cq_of(link.client), "client");
   link.close();
 }
@@ -344,9 +364,12 @@ void passive_side_sends_first(const std::string& ip, bool early) {
 
 }  // namespace
 
-TEST_CASE("the passive side may send first, even right after its accept (IB/RoCE, rxe)", "[data][send][first]") {
-  passive_side_sends_first(ip1(), true);
-  passive_side_sends_first(ip1(), false);
+TEST_CASE("the passive side may send first: on IB/RoCE even right after its accept, on iWARP once it "
+          "saw established",
+          "[data][send][first]") {
+  const std::string ip = ip1();
+  if (!is_iwarp(ip)) passive_side_sends_first(ip, true);
+  passive_side_sends_first(ip, false);  // on iWARP: refused (again) before established
 }
 
 // rdma_cm's manual: iWARP needs the active side to send first. siw's MPA v2 (ready-to-
@@ -489,7 +512,8 @@ TEST_CASE("flush: visibility after writes; persistent needs the peer's PeerConfi
 }
 
 TEST_CASE("a remote region used without the rights it needs fails in the completion; the queue "
-          "pair is then in error and flushes what follows",
+          "pair is then in error and flushes what follows (IB/RoCE); on iWARP the responder ends the "
+          "connection",
           "[data][access]") {
   Link link;
   Bytes guarded(4 * KiB);
@@ -509,6 +533,47 @@ TEST_CASE("a remote region used without the rights it needs fails in the complet
     d[20] = static_cast<std::byte>(rpmapp::to_underlying(registered | claimed));
     return MUST(MrRemote::from_descriptor(d));
   };
+  if (MUST(link.client_peer.iwarp())) {
+    // iWARP: a write completes at the requester once it is sent; the responder checks the
+    // key's rights and ends the connection (TERMINATE), and each side sees closed. siw's
+    // responder checks no rights for a READ: the read gets the bytes (docs/peer.md).
+    // The refused write's own completion: success if siw had sent it before the TERMINATE
+    // came; otherwise siw never completes it, nor what is posted after it, even once the
+    // queue pair is moved to the error state (docs/peer.md).
+    auto ended_by_responder = [&](std::uint64_t id) {
+      CHECK(wait_event(link.client, "client") == ConnEvent::closed);
+      CHECK(wait_event(link.server, "server") == ConnEvent::closed);
+      CHECK(first_difference(guarded, guarded_before) == -1);
+      CHECK(first_difference(link.server_mem, server_before) == -1);
+      std::array<ibv_wc, 4> wc{};
+      if (auto got = cq_of(link.client).get(wc)) {
+        for (const ibv_wc& one : *got) {
+          CHECK(one.wr_id == id);
+          CHECK(rpmapp::to_string(one.status) == rpmapp::to_string(IBV_WC_SUCCESS));
+        }
+      }
+      MUST(link.client.disconnect());
+      MUST(link.server.disconnect());
+    };
+    SECTION("iWARP: a write to a region registered for read_src only: the responder ends the connection") {
+      const MrRemote remote = forged(MrUsage::read_src, MrUsage::write_dst);
+      MUST(link.client.write(remote, 0, link.client_mr, 0, 64, Completion::always, 0xbad1));
+      ended_by_responder(0xbad1);
+    }
+    SECTION("iWARP: an unsignaled write to it: the responder ends the connection") {
+      const MrRemote remote = forged(MrUsage::read_src, MrUsage::write_dst);
+      MUST(link.client.write(remote, 0, link.client_mr, 0, 64, Completion::on_error, 0xbad3));
+      ended_by_responder(0xbad3);
+    }
+    SECTION("iWARP (siw): a read of a region registered for write_dst only gets its bytes") {
+      const MrRemote remote = forged(MrUsage::write_dst, MrUsage::read_src);
+      MUST(link.client.read(link.client_mr, 0, remote, 0, 64, Completion::always, 0xbad2));
+      expect_done(next_wc(cq_of(link.client), "client"), IBV_WC_RDMA_READ, 0xbad2);
+      CHECK(first_difference(std::span(link.client_mem).first(64), std::span(guarded).first(64)) == -1);
+      link.close();  // the connection lives on
+    }
+    return;
+  }
   ibv_wc failed{};
   SECTION("a write to a region registered for read_src only") {
     const MrRemote remote = forged(MrUsage::read_src, MrUsage::write_dst);
@@ -1045,13 +1110,15 @@ TEST_CASE("reuse_completion_queues: the next connections get the released ones' 
   link.close();
 }
 
-TEST_CASE("disconnect with work in flight: every signaled work request completes or is flushed",
+TEST_CASE("disconnect with work in flight: every signaled work request completes or is flushed (siw: "
+          "the one it is sending may fail with a local QP operation error)",
           "[data][disconnect]") {
   constexpr int transfers = 8;  // of each: writes, reads
   constexpr std::size_t transfer_size = 8 * MiB;  // long enough to be in flight at disconnect
   constexpr int receives = 4;   // on each side, never matched by a send
   const ConnConfig cfg{.cq_size = 64, .sq_size = 2 * transfers, .rq_size = receives};
   Link link(cfg, cfg);
+  const bool iwarp = MUST(link.client_peer.iwarp());
   Bytes server_big(transfer_size), client_big(transfer_size);
   MrLocal server_big_mr = MUST(MrLocal::reg(link.server_peer, server_big, MrUsage::read_src | MrUsage::write_dst));
   MrLocal client_big_mr = MUST(MrLocal::reg(link.client_peer, client_big, MrUsage::read_dst | MrUsage::write_src));
@@ -1076,7 +1143,7 @@ TEST_CASE("disconnect with work in flight: every signaled work request completes
 
   // Reads completions until every expected work request has one: each exactly once,
   // successful or flushed (receives: flushed, nothing was sent to them).
-  auto drain = [](Cq cq, std::set<std::uint64_t> pending, const char* who) {
+  auto drain = [iwarp](Cq cq, std::set<std::uint64_t> pending, const char* who) {
     std::map<std::string, int> statuses;
     const auto deadline = std::chrono::steady_clock::now() + 2 * event_wait;
     while (!pending.empty()) {
@@ -1088,7 +1155,9 @@ TEST_CASE("disconnect with work in flight: every signaled work request completes
       for (const ibv_wc& one : *got) {
         INFO(who << ": wr_id 0x" << std::hex << one.wr_id << std::dec << ", " << rpmapp::to_string(one.status));
         CHECK(pending.erase(one.wr_id) == 1);  // expected, and not seen before
-        CHECK((one.status == IBV_WC_SUCCESS || one.status == IBV_WC_WR_FLUSH_ERR));
+        // siw fails the work request it is sending when the connection goes (siw_qp_tx.c)
+        CHECK((one.status == IBV_WC_SUCCESS || one.status == IBV_WC_WR_FLUSH_ERR ||
+               (iwarp && one.status == IBV_WC_LOC_QP_OP_ERR)));
         if (one.wr_id >= 0x300) CHECK(one.status == IBV_WC_WR_FLUSH_ERR);
         ++statuses[std::string(rpmapp::to_string(one.status))];
       }
@@ -1106,7 +1175,7 @@ TEST_CASE("disconnect with work in flight: every signaled work request completes
     for (const auto& [status, n] : counts) std::cout << " " << n << " " << status << ";";
     std::cout << '\n';
   }
-  CHECK(qp_state(link.client) == IBV_QPS_ERR);
+  if (!iwarp) CHECK(qp_state(link.client) == IBV_QPS_ERR);  // siw's ibv_query_qp has no state
   MUST(std::move(link.client).close());
   MUST(std::move(link.server).close());
   MUST(std::move(client_big_mr).dereg());
@@ -1143,21 +1212,34 @@ TEST_CASE("ConnConfig's max_inline_data, max_sge and completion_vector reach the
   expect_empty(cq_of(defaults.client), "client");
   defaults.close();
 
-  SECTION("max_inline_data 256: a 200-byte send inline from unregistered memory") {
-    const ConnConfig cfg{.max_inline_data = 256};
+  SECTION("max_inline_data 256 (80 on iWARP, siw's most): a send inline from unregistered memory") {
+    const std::string ip = ip1();
+    const bool iwarp = is_iwarp(ip);
+    if (iwarp) {
+      // siw's limit is in no device attribute: it refuses more when it creates the queue pair
+      const rpmapp::Error e = MUST_FAIL(ConnReq::to(local_peer(ip), ip, "7471", ConnConfig{.max_inline_data = 256}));
+      INFO(e.message());
+      CHECK(e.code() == errc::provider);
+      CHECK(e.call() == "rdma_create_qp");
+      CHECK(e.sys_errno() == EINVAL);
+    }
+    const std::uint32_t asked = iwarp ? 80 : 256;
+    const std::uint32_t sent = iwarp ? 72 : 200;
+    inline_sge.length = sent;
+    const ConnConfig cfg{.max_inline_data = asked};
     Link link(cfg, cfg);
-    CHECK(qp_caps(link.client).cap.max_inline_data >= 256);
-    CHECK(qp_caps(link.server).cap.max_inline_data >= 256);
+    CHECK(qp_caps(link.client).cap.max_inline_data >= asked);
+    CHECK(qp_caps(link.server).cap.max_inline_data >= asked);
     MUST(link.server.recv(link.server_mr, 0, 256, 0xe2));
     REQUIRE(ibv_post_send(MUST(link.client.qp()), &inline_wr, &bad) == 0);
     unregistered.fill(std::byte{0});  // inline: copied when posted
     expect_done(next_wc(cq_of(link.client), "client"), IBV_WC_SEND, 0xe1);
     const ibv_wc got = next_wc(cq_of(link.server), "server");
     expect_done(got, IBV_WC_RECV, 0xe2);
-    CHECK(got.byte_len == 200);
+    CHECK(got.byte_len == sent);
     Bytes expected(200);
     fill(expected, 30);
-    CHECK(first_difference(std::span(link.server_mem).first(200), expected) == -1);
+    CHECK(first_difference(std::span(link.server_mem).first(sent), std::span(expected).first(sent)) == -1);
     link.close();
   }
   SECTION("max_sge 4: a send gathered from 3 pieces lands scattered in 3 places") {
