@@ -5,7 +5,9 @@
 // (EventLoop::watch_completions). Per connection: the accept echoes the client's private
 // data; the client sends one message, which the server answers; once the answer has
 // completed (and the connection is established) the server disconnects, and when the
-// client has disconnected too, the connection's own event handler destroys it.
+// client has disconnected too, the connection's own event handler destroys it. A message
+// that arrives before the server saw established is answered once it has (iWARP: the
+// accepting side may send only then, docs/peer.md).
 #include "../common/common.hpp"
 
 #include <rpmapp/rpmapp.hpp>
@@ -40,7 +42,8 @@ struct Connection {
   // Declared after the Conn: destroyed first, so the handlers are unregistered before
   // the connection goes (either order is safe; this one is the tidy one).
   rpmapp::Registration events, completions;
-  bool established = false, received = false, replied = false;
+  bool established = false, received = false, answered = false, replied = false;
+  std::size_t answer_size = 0;  // of the answer waiting in the send slot
 };
 
 }  // namespace
@@ -74,6 +77,12 @@ int main(int argc, char** argv) {
     if (!c.established || !c.replied) return;
     if (auto ok = c.conn.disconnect(); !ok) failed(ok.error());
   };
+  // The answer goes once the message came and the connection is established.
+  auto answer_when_ready = [&](Connection& c, int number) {
+    if (!c.established || !c.received || c.answered) return;
+    c.answered = true;
+    if (auto ok = c.conn.send(*mr, send_offset(number), c.answer_size); !ok) failed(ok.error());
+  };
 
   // Connection events. `closed` ends a connection: its own handler destroys it.
   auto on_event = [&](int number, rpmapp::expected<rpmapp::ConnEvent> event) {
@@ -81,7 +90,7 @@ int main(int argc, char** argv) {
     Connection& c = open.at(number);  // present: erasing it unregisters this handler
     if (*event == rpmapp::ConnEvent::established) {
       c.established = true;
-      return disconnect_when_done(c);
+      return answer_when_ready(c, number);
     }
     if (*event != rpmapp::ConnEvent::closed)
       return problem(fmt::format("connection {}: unexpected event {}", number, rpmapp::to_string(*event)));
@@ -109,7 +118,9 @@ int main(int argc, char** argv) {
         const std::string answer = fmt::format("{}{}", answer_prefix, text);
         if (answer.size() >= slot_size) return problem("the answer does not fit its slot");
         std::memcpy(memory.data() + send_offset(number), answer.c_str(), answer.size() + 1);
-        if (auto ok = c.conn.send(*mr, send_offset(number), answer.size() + 1); !ok) return failed(ok.error());
+        c.answer_size = answer.size() + 1;
+        answer_when_ready(c, number);
+        if (failure) return;
       } else if (wc.opcode == IBV_WC_SEND) {
         c.replied = true;
         ++replies;
