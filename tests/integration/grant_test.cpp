@@ -320,8 +320,10 @@ TEST_CASE("keys: 1,000 grants' keys (windows on rxe; on siw registrations) again
     CHECK(grant_stats.low_steps < 50);
   } else {
     // siw has no windows: a grant is a registration with the device's key, whose upper 24
-    // bits siw draws (measured: never the previous index + 1) and whose low byte is 0
-    CHECK(grant_stats.distinct == grant_stats.keys);
+    // bits siw draws (measured: never the previous index + 1) and whose low byte is 0. Each
+    // grant ends before the next, so a freed index may be drawn again: 1,000 draws of 2^24
+    // repeat one in about 3% of runs (seen in CI), more than 5 in about 1e-12
+    CHECK(grant_stats.distinct + 5 >= grant_stats.keys);
     CHECK(grant_stats.index_steps < 50);
     CHECK(grant_stats.low_bytes == 1);
   }
