@@ -1222,6 +1222,7 @@ TEST_CASE("ConnConfig's max_inline_data, max_sge and completion_vector reach the
       CHECK(e.code() == errc::provider);
       CHECK(e.call() == "rdma_create_qp");
       CHECK(e.sys_errno() == EINVAL);
+      CHECK_THAT(e.message(), Catch::Contains("max_inline_data 256"));
     }
     const std::uint32_t asked = iwarp ? 80 : 256;
     const std::uint32_t sent = iwarp ? 72 : 200;

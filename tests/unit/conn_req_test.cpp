@@ -362,6 +362,32 @@ TEST_CASE("on an iWARP device the private data limit is 251 bytes for connect, a
   fake.expect_clean();
 }
 
+TEST_CASE("ConnReq::to: a queue pair the device refuses (EINVAL) names the sizes asked, "
+          "siw's inline limit among them",
+          "[conn_req][config][iwarp]") {
+  fake::FakeProvider fake;
+  fake.set_caps(1, fake::DeviceCaps::siw());
+  {
+    Peer siw = open_peer(fake, 1);
+    auto bad = ConnReq::to(siw, "169.254.78.9", "7471", ConnConfig{.max_inline_data = 81});
+    REQUIRE_FALSE(bad);
+    INFO(bad.error().message());
+    CHECK(bad.error().code() == errc::provider);
+    CHECK(bad.error().call() == "rdma_create_qp");
+    CHECK(bad.error().sys_errno() == EINVAL);
+    CHECK_THAT(bad.error().message(), Catch::Contains("sq_size 10, rq_size 10, max_sge 1, max_inline_data 81") &&
+                                          Catch::Contains("siw takes at most 80"));
+    CHECK(outgoing(siw, "169.254.78.9", ConnConfig{.max_inline_data = 80}));  // siw's most
+    // another errno is the plain provider error
+    fake.fail("rdma_create_qp", EPERM);
+    auto other = ConnReq::to(siw, "169.254.78.9", "7471");
+    REQUIRE_FALSE(other);
+    CHECK(other.error().sys_errno() == EPERM);
+    CHECK_THAT(other.error().message(), !Catch::Contains("refused the queue pair"));
+  }
+  fake.expect_clean();
+}
+
 TEST_CASE("issue 8.3: reject private data is limited to the IB CM's 148 bytes",
           "[conn_req][inval][issue8]") {
   CHECK(max_reject_private_data == 148);

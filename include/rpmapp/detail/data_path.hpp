@@ -117,8 +117,7 @@ inline unsigned signaled(Completion when) noexcept {
 
 /// The failure of the public function `call` in the post `post_call`.
 [[gnu::cold, gnu::noinline]] inline Error post_error(const char* call, const char* post_call, int rc) noexcept {
-  // The verbs return an errno value; siw's provider returns it negated (-EINVAL, -ENOMEM).
-  if (rc < 0) rc = -rc;
+  rc = verbs_errno(rc);
   // ENOMEM from a post means the queue is full, not that memory ran out.
   Error e = rc == ENOMEM ? Error(errc::provider, rc, post_call,
                                  "the queue is full (more work requests in flight than its size)")

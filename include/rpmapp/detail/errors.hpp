@@ -58,6 +58,10 @@ template <class T> expected<T> named(const char* operation, expected<T> result) 
   return result;
 }
 
+/// The errno a verbs call's nonzero return value stands for: the verbs return an errno
+/// value, but siw's provider returns it negated (-EINVAL, -ENOMEM).
+constexpr int verbs_errno(int rc) noexcept { return rc < 0 ? -rc : rc; }
+
 /// An error of `operation` (an rpmapp function) in the provider call `call`.
 [[gnu::cold]] Error provider_error_in(const char* operation, std::string_view call,
                                       int sys_errno, std::string_view reason = {}) noexcept;

@@ -169,7 +169,7 @@ RPMAPP_DECL expected<void> Conn::disconnect() noexcept {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
     if (const int rc = detail::provider().modify_qp(qp, &attr, IBV_QP_STATE); rc != 0)
-      return detail::fail(detail::provider_error_in("Conn::disconnect", "ibv_modify_qp", rc < 0 ? -rc : rc));
+      return detail::fail(detail::provider_error_in("Conn::disconnect", "ibv_modify_qp", detail::verbs_errno(rc)));
   }
   errno = 0;
   if (detail::provider().disconnect(core_->id.get()) != 0)

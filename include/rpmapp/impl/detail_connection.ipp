@@ -269,6 +269,16 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
   attr.qp_type = IBV_QPT_RC;
   attr.sq_sig_all = 0;
   const Provider& p = provider();
+  // EINVAL: the device refused a size. Say which were asked: its inline limit is in none
+  // of its attributes (siw takes 80), so a config cannot be checked before the call.
+  const auto refused = [&cfg, &attr](const char* call) {
+    const int e = errno;
+    if (e != EINVAL) return provider_error(call, e);
+    return make_error(errc::provider, e, call,
+                      "the device refused the queue pair: sq_size {}, rq_size {}, max_sge {}, "
+                      "max_inline_data {} (siw takes at most 80 bytes inline)",
+                      cfg.sq_size, attr.cap.max_recv_wr, cfg.max_sge, cfg.max_inline_data);
+  };
   errno = 0;
   if (core.peer->native_atomic_write || core.peer->native_flush) {
     // librpma's way: the extended QP with native atomic writes and flushes; the rest still
@@ -280,7 +290,7 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
         (core.peer->native_atomic_write ? static_cast<std::uint64_t>(IBV_QP_EX_WITH_ATOMIC_WRITE) : none) |
         (core.peer->native_flush ? native_flush_abi::qp_ex_with_flush : none);
     if (p.create_qp_ex(core.id.get(), &attr) != 0)
-      return fail(provider_error("rdma_create_qp_ex", errno));
+      return fail(refused("rdma_create_qp_ex"));
   } else {
     ibv_qp_init_attr plain{};
     plain.send_cq = attr.send_cq;
@@ -290,7 +300,7 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
     plain.qp_type = attr.qp_type;
     plain.sq_sig_all = attr.sq_sig_all;
     if (p.create_qp(core.id.get(), core.peer->pd.get(), &plain) != 0)
-      return fail(provider_error("rdma_create_qp", errno));
+      return fail(refused("rdma_create_qp"));
     attr.cap = plain.cap;
   }
   core.qp.reset(core.id.get());
