@@ -23,7 +23,8 @@
 //                                  client is the nearest it has); µs per grant
 //   grant + revoke, by registration rpmapp (MrScope::grants_by_registration); by hand
 //                                  ibv_reg_mr + ibv_dereg_mr; librpma as above
-// every grant of the whole server buffer (1 MiB + 8 KiB), read_src | write_dst.
+// every grant of the whole server buffer (1 MiB + 8 KiB), read_src | write_dst. A device
+// without memory windows (siw) has only the rows by registration.
 // Bytes are checked after every repetition (what was read / written / received is the
 // peer's pattern). Usage: bench_data [reps] [lat_n] [tput_n] [pp_n] [pp_event_n] [grant_n]
 // (operations per repetition: latency, throughput, busy ping-pong, event ping-pong,
@@ -102,6 +103,7 @@ struct RpmappImpl {
   rpmapp::Grant data_grant;
   rpmapp::MrRemote granted;
   const rpmapp::MrRemote* target = &remote;  // what post() reads and writes
+  bool windows = false;  // the device has type 2 memory windows (siw has none)
 
   static rpmapp::ConnConfig config() {
     rpmapp::ConnConfig cfg;
@@ -133,8 +135,8 @@ struct RpmappImpl {
     by_registration = must(rpmapp::MrLocal::reg(peer, smem.data(), buffer_size, both,
                                                 rpmapp::MrScope::grants_by_registration),
                            "MrLocal::reg");
-    if (must(by_window.grant_mode(), "grant_mode") != rpmapp::GrantMode::windows)
-      die("rpmapp", "the device has no type 2 memory windows");
+    windows = must(by_window.grant_mode(), "grant_mode") == rpmapp::GrantMode::windows;
+    if (!windows) return;
     data_grant = grant(by_window);
     granted = must(rpmapp::MrRemote::from_descriptor(must(data_grant.descriptor(), "Grant::descriptor")),
                    "MrRemote::from_descriptor");
@@ -350,7 +352,8 @@ struct HandImpl {
     check(rdma_create_qp(s.id, pd, &attr), "rdma_create_qp");
   }
 
-  HandImpl(ibv_pd* pd_, const char* ip) : pd(pd_) {
+  /// `windows`: bind the window the grant rows go through (the device has them).
+  HandImpl(ibv_pd* pd_, const char* ip, bool windows) : pd(pd_) {
     lch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
     cch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");
     rdma_addrinfo hints{};
@@ -390,6 +393,7 @@ struct HandImpl {
                     "ibv_reg_mr");
     raddr = reinterpret_cast<std::uintptr_t>(smem.data());
     rkey = smr->rkey;
+    if (!windows) return;
     bind_mr = check_ptr(ibv_reg_mr(pd, smem.data(), buffer_size, local_write | IBV_ACCESS_MW_BIND), "ibv_reg_mr");
     data_mw = check_ptr(ibv_alloc_mw(pd, IBV_MW_TYPE_2), "ibv_alloc_mw");
     window_rkey = bind(data_mw);
@@ -447,8 +451,8 @@ struct HandImpl {
       else late("hand-written", "DISCONNECTED event");
       release(ch == lch ? server : client);
     }
-    check(ibv_dealloc_mw(data_mw), "ibv_dealloc_mw");
-    check(ibv_dereg_mr(bind_mr), "ibv_dereg_mr");
+    if (data_mw != nullptr) check(ibv_dealloc_mw(data_mw), "ibv_dealloc_mw");
+    if (bind_mr != nullptr) check(ibv_dereg_mr(bind_mr), "ibv_dereg_mr");
     check(ibv_dereg_mr(cmr), "ibv_dereg_mr");
     check(ibv_dereg_mr(smr), "ibv_dereg_mr");
     check(rdma_destroy_id(listener), "rdma_destroy_id");
@@ -619,7 +623,7 @@ int main(int argc, char** argv) {
     step("rpmapp connected");
     LibrpmaImpl l(rpeer, ip);
     step("librpma connected");
-    HandImpl h(pd, ip);
+    HandImpl h(pd, ip, r.windows);
     step("hand-written connected");
 
     auto per_op_us = [](auto& impl, Op op, int n) {
@@ -653,22 +657,28 @@ int main(int argc, char** argv) {
                {round_trip_us(r, ppe_n, Poll::event), round_trip_us(l, ppe_n, Poll::event),
                 round_trip_us(h, ppe_n, Poll::event)},
                data_variants);
-    // 9: grants. The data rows through a window (librpma: its region's own key)
-    r.through_grant(true);
-    h.through_window(true);
-    for (Op op : {Op::read, Op::write}) {
-      const std::string name = op == Op::read ? "read" : "write";
-      step("through a grant");
-      interleave("grant", name + " 64 B through a grant, 1 in flight, busy-poll", "µs/op", reps,
-                 {per_op_us(r, op, lat_n), per_op_us(l, op, lat_n), per_op_us(h, op, lat_n)}, data_variants);
+    // 9: grants. The data rows through a window (librpma: its region's own key); a device
+    // without windows (siw) has only the rows by registration
+    if (r.windows) {
+      r.through_grant(true);
+      h.through_window(true);
+      for (Op op : {Op::read, Op::write}) {
+        const std::string name = op == Op::read ? "read" : "write";
+        step("through a grant");
+        interleave("grant", name + " 64 B through a grant, 1 in flight, busy-poll", "µs/op", reps,
+                   {per_op_us(r, op, lat_n), per_op_us(l, op, lat_n), per_op_us(h, op, lat_n)}, data_variants);
+      }
+      r.through_grant(false);
+      h.through_window(false);
+      step("grant + revoke");
+      interleave("grant", "grant + revoke of 1 MiB, by memory window", "µs/grant", reps,
+                 {[&] { return r.grant_cycle_us(grant_n, true); }, [&] { return l.grant_cycle_us(rpeer, grant_n); },
+                  [&] { return h.window_cycle_us(grant_n); }},
+                 data_variants);
+    } else {
+      std::fprintf(stderr, "bench_data: the device has no memory windows: no rows through a grant or by window\n");
+      step("grant + revoke");
     }
-    r.through_grant(false);
-    h.through_window(false);
-    step("grant + revoke");
-    interleave("grant", "grant + revoke of 1 MiB, by memory window", "µs/grant", reps,
-               {[&] { return r.grant_cycle_us(grant_n, true); }, [&] { return l.grant_cycle_us(rpeer, grant_n); },
-                [&] { return h.window_cycle_us(grant_n); }},
-               data_variants);
     interleave("grant", "grant + revoke of 1 MiB, by registration", "µs/grant", reps,
                {[&] { return r.grant_cycle_us(grant_n, false); }, [&] { return l.grant_cycle_us(rpeer, grant_n); },
                 [&] { return h.registration_cycle_us(grant_n); }},
