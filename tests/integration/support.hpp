@@ -86,6 +86,9 @@ inline rpmapp::Peer local_peer(const std::string& ip) {
 // test whose behaviour differs by transport checks each transport's own.
 inline bool is_iwarp(const std::string& ip) { return MUST(local_peer(ip).iwarp()); }
 
+// The `rdma link add ... type TYPE` that makes a device like the one at `ip` (the VM's).
+inline std::string link_type_of(const std::string& ip) { return is_iwarp(ip) ? "siw" : "rxe"; }
+
 // How many clients a test of many connections in one process runs on the device at `ip`:
 // `wanted`, at most 16 on iWARP: siw's provider fails the queue that a process maps at page
 // 144 of its device context (docs/peer.md, "queues per process"), which 32 clients and their

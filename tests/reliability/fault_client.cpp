@@ -1,11 +1,12 @@
 // A client process for the fault scenarios (faults_test.cpp starts it): makes ATTEMPTS
 // connection attempts to IP:PORT, at most IN_FLIGHT at once, and counts how each ended:
-// established (then disconnected and closed at once), rejected, unreachable, lost, failed
-// (ConnReq::to or connect returned an error) or gave up (no CM event within TIMEOUT_MS:
-// the client's own bound, e.g. a request the server's full backlog dropped and whose
-// retries went unanswered). Prints one line
-//   fault_client: attempts N established E rejected R unreachable U lost L failed F gave_up G
-//                 slowest T seconds S
+// established (then disconnected and closed at once), rejected, unreachable, lost, refused
+// (iWARP: rdma_connect's TCP connection refused, ECONNREFUSED), failed (ConnReq::to or
+// connect returned another error) or gave up (no CM event within TIMEOUT_MS: the client's
+// own bound, e.g. a request the server's full backlog dropped and whose retries went
+// unanswered). Prints one line
+//   fault_client: attempts N established E rejected R unreachable U lost L refused C failed F
+//                 gave_up G slowest T seconds S
 // (T: the longest attempt, in seconds; S: the whole run)
 // and exits 0 when every attempt ended in one of these ways (an attempt never outlives
 // its bound, so the process cannot hang), 1 on a usage or setup error.
@@ -19,7 +20,11 @@
 // ucma_process_conn_resp, reached only through rdma_establish here). On that event it
 // prints "fault_client: connect response after S s" and SIGKILLs itself, or _exit()s
 // without destroying anything: the server has accepted, the connection is never
-// established. Exits 1 when anything before that fails or takes over 20 s.
+// established. Exits 1 when anything before that fails or takes over 20 s. iWARP has no
+// connection without a queue pair (iw_cm's connect names one) and no RTU: there the client
+// connects with a queue pair (rdma_connect makes the TCP connection and sends the MPA
+// request), prints "fault_client: connect request sent after S s", and dies at once,
+// before the server's MPA reply.
 //   fault_client --memlock IP UID LIMIT_BYTES REGION_BYTES
 // as root: lowers RLIMIT_MEMLOCK's soft limit to LIMIT_BYTES, becomes UID (setgid, setuid:
 // no capabilities left), opens a Peer on IP and prints "fault_client: memlock ready";
@@ -67,8 +72,8 @@ struct Attempt {
 };
 
 struct Counts {
-  long established = 0, rejected = 0, unreachable = 0, lost = 0, failed = 0, gave_up = 0;
-  long ended() const { return established + rejected + unreachable + lost + failed + gave_up; }
+  long established = 0, rejected = 0, unreachable = 0, lost = 0, refused = 0, failed = 0, gave_up = 0;
+  long ended() const { return established + rejected + unreachable + lost + refused + failed + gave_up; }
 };
 
 long number(const char* text, const char* what) {
@@ -124,8 +129,35 @@ void expect_cm_event(rdma_event_channel* channel, rdma_cm_event_type expected) {
   }
 }
 
+[[noreturn]] void die_now(bool kill_self) {
+  std::fflush(stdout);
+  if (kill_self) ::raise(SIGKILL);
+  ::_exit(0);
+}
+
+// iWARP's counterpart (see the top): a connection with its queue pair, the MPA request
+// sent, and death before the reply.
+int connect_and_die(const char* ip, const char* port, const rpmapp::Peer& peer, bool kill_self) {
+  auto req = rpmapp::ConnReq::to(peer, ip, port);
+  if (!req) {
+    std::fprintf(stderr, "fault_client: %s\n", req.error().message().c_str());
+    return 1;
+  }
+  const auto t0 = Clock::now();
+  auto conn = std::move(*req).connect();
+  if (!conn) {
+    std::fprintf(stderr, "fault_client: %s\n", conn.error().message().c_str());
+    return 1;
+  }
+  std::printf("fault_client: connect request sent after %.3f s; %s before the reply\n", seconds_since(t0),
+              kill_self ? "SIGKILL" : "_exit");
+  die_now(kill_self);
+}
+
 // Connects without a queue pair and dies when the server's REP arrives (see the top).
 int connect_without_establish(const char* ip, const char* port, bool kill_self) {
+  if (auto peer = rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local); peer && *peer->iwarp())
+    return connect_and_die(ip, port, *peer, kill_self);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<std::uint16_t>(std::atoi(port)));
@@ -152,9 +184,7 @@ int connect_without_establish(const char* ip, const char* port, bool kill_self) 
   expect_cm_event(channel, RDMA_CM_EVENT_CONNECT_RESPONSE);
   std::printf("fault_client: connect response after %.3f s; %s without rdma_establish\n", seconds_since(t0),
               kill_self ? "SIGKILL" : "_exit");
-  std::fflush(stdout);
-  if (kill_self) ::raise(SIGKILL);
-  ::_exit(0);
+  die_now(kill_self);
 }
 
 // Reads one line from stdin (the parent's "go on"); false at EOF.
@@ -346,6 +376,10 @@ int main(int argc, char** argv) {
         continue;
       }
       auto conn = std::move(*req).connect();
+      if (!conn && conn.error().call() == "rdma_connect" && conn.error().sys_errno() == ECONNREFUSED) {
+        ++counts.refused;  // iWARP: nothing listens (any more) for the TCP connection
+        continue;
+      }
       if (!conn) {
         std::fprintf(stderr, "fault_client: connect: %s\n", conn.error().message().c_str());
         ++counts.failed;
@@ -384,8 +418,8 @@ int main(int argc, char** argv) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("fault_client: attempts %ld established %ld rejected %ld unreachable %ld lost %ld "
-              "failed %ld gave_up %ld slowest %.1f seconds %.1f\n",
+              "refused %ld failed %ld gave_up %ld slowest %.1f seconds %.1f\n",
               attempts, counts.established, counts.rejected, counts.unreachable, counts.lost,
-              counts.failed, counts.gave_up, slowest, seconds);
+              counts.refused, counts.failed, counts.gave_up, slowest, seconds);
   return 0;
 }

@@ -170,7 +170,7 @@ struct InterleavedSrqQps {
 }  // namespace
 
 TEST_CASE("an SRQ the kernel cannot dump (thousands of interleaved QPs) is an error, not a hang; the ledger reads "
-          "without SRQs") {
+          "without SRQs (on siw, which stops below 144 queues, the SRQ dumps whole)") {
   // A QP number alone takes 12 bytes of a message of at most 32 KiB: 3,500 ranges overflow it.
   constexpr int pairs = 3500;
   const char* device = std::getenv("SOFTROCE_DEV");
@@ -178,6 +178,18 @@ TEST_CASE("an SRQ the kernel cannot dump (thousands of interleaved QPs) is an er
   const auto before = reliability::ledger_of(::getpid(), reliability::without_srqs);
   InterleavedSrqQps made;
   made.make(device, pairs);
+  if (itest::is_iwarp(itest::ip1())) {
+    // siw maps each queue at a page of the process's device context and fails the one at
+    // page 144 (docs/peer.md, "queues per process"): its QPs stop there, far below what
+    // outgrows a message, so its SRQ dumps whole
+    INFO(made.qps.size() << " QPs made");
+    CHECK(made.qps.size() > 50);
+    CHECK(made.qps.size() < 144);
+    const auto all = reliability::ledger_of();
+    CHECK(all.count("srq") == 1);
+    CHECK(all.count("qp") == before.count("qp") + static_cast<long>(made.qps.size()));
+    return;
+  }
   CHECK(made.qps.size() == 2 * pairs);
   try {
     (void)reliability::ledger_of();
