@@ -15,7 +15,6 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <sys/epoll.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,14 +70,6 @@ ibv_wc_opcode flush_opcode(const rpmapp::Peer& peer) {
                                    : IBV_WC_RDMA_READ;
 }
 
-// The guest kernel's major and minor version (uname -r).
-std::pair<int, int> kernel_version() {
-  utsname u{};
-  REQUIRE(uname(&u) == 0);
-  int major = 0, minor = 0;
-  REQUIRE(std::sscanf(u.release, "%d.%d", &major, &minor) == 2);
-  return {major, minor};
-}
 constexpr MrUsage client_usage = MrUsage::read_dst | MrUsage::write_src | MrUsage::send | MrUsage::recv;
 
 ibv_qp_init_attr qp_caps(const Conn& conn) {

@@ -10,9 +10,12 @@
 
 #include <rpmapp/rpmapp.hpp>
 
+#include <sys/utsname.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <stdexcept>
@@ -88,6 +91,15 @@ inline bool is_iwarp(const std::string& ip) { return MUST(local_peer(ip).iwarp()
 
 // The `rdma link add ... type TYPE` that makes a device like the one at `ip` (the VM's).
 inline std::string link_type_of(const std::string& ip) { return is_iwarp(ip) ? "siw" : "rxe"; }
+
+// The running kernel's major and minor version (uname -r): the guest's, in the VM.
+inline std::pair<int, int> kernel_version() {
+  utsname u{};
+  REQUIRE(uname(&u) == 0);
+  int major = 0, minor = 0;
+  REQUIRE(std::sscanf(u.release, "%d.%d", &major, &minor) == 2);
+  return {major, minor};
+}
 
 // How many clients a test of many connections in one process runs on the device at `ip`:
 // `wanted`, at most 16 on iWARP: siw's provider fails the queue that a process maps at page
