@@ -769,7 +769,7 @@ TEST_CASE("a hostile peer: garbage or malformed private data and messages are re
       std::cout << "faults [hostile]: " << c.name << ": rejected: " << reason << std::endl;
       MUST(std::move(client).close());
     }
-    {  // Too much private data (for the transport: 56 bytes, 251 on iWARP) never leaves the client.
+    {  // More private data than the transport takes (56 bytes; 251 on iWARP) never leaves the client.
       auto req = MUST(ConnReq::to(client_peer, ip, port));
       const Bytes too_long(MUST(client_peer.private_data_limits()).connect + 1);
       auto refused = std::move(req).connect(too_long);
