@@ -123,6 +123,8 @@ class RpmappConan(ConanFile):
         self.cpp_info.set_property("cmake_target_name", "rpmapp::rpmapp")
         self.cpp_info.requires = ["fmt::fmt", "tl-expected::tl-expected",
                                   "rdma-core::librdmacm", "rdma-core::libibverbs"]
+        # EventLoop::connect makes iWARP's blocking rdma_connect on a thread of its own
+        self.cpp_info.system_libs = ["pthread"]
         if self.options.header_only:
             self.cpp_info.bindirs = []
             self.cpp_info.libdirs = []

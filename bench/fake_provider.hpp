@@ -364,10 +364,18 @@ inline const rpmapp::detail::Provider provider = {
       }
       return ready;
     },
-    // query_device_ex: no on-demand paging, no native atomic write (as rxe)
+    // query_device_ex: no on-demand paging, no native atomic write, and rxe's limits
+    // (ConnConfig's sizes are checked against them before anything is created)
     [](ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex* attr) {
       note(c_query_device_ex);
       *attr = ibv_device_attr_ex{};
+      attr->orig_attr.max_qp_wr = 1 << 20;
+      attr->orig_attr.max_sge = 32;
+      attr->orig_attr.max_sge_rd = 32;
+      attr->orig_attr.max_cqe = (1 << 15) - 1;
+      attr->orig_attr.max_srq_wr = 1 << 20;
+      attr->orig_attr.atomic_cap = IBV_ATOMIC_HCA;
+      attr->orig_attr.max_qp_init_rd_atom = 128;
       return 0;
     },
     // reg_mr
@@ -497,6 +505,7 @@ inline const rpmapp::detail::Provider provider = {
     ::read,
     ::write,
     ::close,
+    rpmapp::detail::system_provider.pthread_create,
 };
 
 }  // namespace bench::fake

@@ -142,6 +142,11 @@ class ConnReq {
   static expected<PendingConnReq> start_as(const char* call, const Peer& peer,
                                            std::string_view addr, std::string_view port,
                                            const ConnConfig& config) noexcept;
+  /// connect() up to the provider call: its checks, then the core taken from the request
+  /// (EventLoop::connect makes iWARP's blocking rdma_connect on a thread of its own).
+  /// Errors: as connect()'s inval (the request left as it was) and ENODEV (released).
+  expected<std::unique_ptr<detail::ConnectionCore>> take_for_connect(
+      const char* call, std::span<const std::byte> private_data) && noexcept;
   ConnReq(std::unique_ptr<detail::ConnectionCore> core, bool incoming) noexcept
       : core_(std::move(core)), incoming_(incoming) {
     core_->teardown = {"ConnReq::~ConnReq", LogLevel::warning};

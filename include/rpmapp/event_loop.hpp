@@ -223,6 +223,11 @@ class EventLoop {
   /// ConnReq::connect otherwise; private data longer than the Peer's transport allows
   /// (Peer::private_data_limits) is inval before anything is created. `addr`, `port` are
   /// read before the first suspension; `private_data` is copied.
+  /// On iWARP rdma_connect blocks (siw makes the TCP connection inside it: up to TCP's SYN
+  /// retries, 130 s, for an address nobody has), so it is made on a thread of its own
+  /// (provider pthread_create or eventfd if that cannot be made) and the loop runs on. A
+  /// call still in progress when the coroutine goes (a timeout, stop()) is kept by the
+  /// loop until it returns; destroying the loop waits for it.
   detail::ConnectAwaiter connect(const Peer& peer, std::string_view addr, std::string_view port,
                                  const ConnConfig& config = {}, std::span<const std::byte> private_data = {},
                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) noexcept {

@@ -12,6 +12,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <span>
@@ -336,6 +338,74 @@ TEST_CASE("connect to a port nobody listens on: the coroutine resumes with ECONN
   CHECK(conn.error().sys_errno() == ECONNREFUSED);
   CHECK(conn.error().call() == "rdma_connect");
   CHECK(took < await_bound);
+}
+
+// Sets a sysctl for the test's lifetime (the VM's own kernel), the old value back after.
+class Sysctl {
+ public:
+  Sysctl(std::string path, const std::string& value) : path_(std::move(path)), old_(read()) { write(value); }
+  ~Sysctl() { write(old_); }
+  Sysctl(const Sysctl&) = delete;
+  Sysctl& operator=(const Sysctl&) = delete;
+
+ private:
+  std::string read() const {
+    std::ifstream in(path_);
+    std::string v;
+    REQUIRE(std::getline(in, v));
+    return v;
+  }
+  void write(const std::string& v) const {
+    std::ofstream out(path_);
+    out << v << '\n';
+    out.close();
+    REQUIRE(out);
+  }
+  std::string path_;
+  std::string old_;
+};
+
+TEST_CASE("connect to an address nobody has: the await's timeout ends it and the loop runs on meanwhile, on both "
+          "transports (iWARP's blocking rdma_connect is made on a thread of its own)",
+          "[coroutine][connect][stall]") {
+  const std::string ip = ip1();
+  Peer peer = local_peer(ip);
+  // siw's rdma_connect takes TCP's SYN retries: 1 makes it 3 s (1 s, then 2 s), not 130 s
+  Sysctl syn_retries("/proc/sys/net/ipv4/tcp_syn_retries", "1");
+  // the VM's netdevs are dummies: nothing answers for another host of the subnet
+  const std::string nobody = ip.substr(0, ip.rfind('.') + 1) + "9";
+  const auto bound = 500ms;
+  std::optional<EventLoop> loop(make_loop());
+  std::vector<clock_type::time_point> ticks;
+  bool connecting = true;
+  auto ticker = [&]() -> Task<void> {
+    while (connecting) {
+      auto slept = co_await loop->sleep_for(20ms);
+      if (!slept) co_return;
+      ticks.push_back(clock_type::now());
+    }
+  };
+  MUST(rpmapp::spawn(*loop, ticker()));
+  const auto t0 = clock_type::now();
+  auto conn = MUST(rpmapp::block_on(*loop, [&]() -> Task<expected<Conn>> {
+    auto c = co_await loop->connect(peer, nobody, "7471", {}, {}, bound);
+    connecting = false;
+    co_return c;
+  }()));
+  const auto took = clock_type::now() - t0;
+  REQUIRE_FALSE(conn);
+  INFO(conn.error().message());
+  CHECK(conn.error().code() == errc::no_event);
+  CHECK(conn.error().call() == "EventLoop::connect");
+  CHECK(took >= bound);
+  CHECK(took < 2500ms);  // before siw's rdma_connect returns (3 s)
+  // the loop ran its other coroutine all along: no gap near the connect's length
+  REQUIRE(ticks.size() >= 2);
+  auto largest = ticks.front() - t0;
+  for (std::size_t i = 1; i < ticks.size(); ++i) largest = std::max(largest, ticks[i] - ticks[i - 1]);
+  CHECK(largest < 1s);
+  // the loop keeps an iWARP call in progress and waits for it when destroyed
+  loop.reset();
 }
 
 TEST_CASE("next_conn_req: a timeout resumes the coroutine with no_event, and the endpoint still works",

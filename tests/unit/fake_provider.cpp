@@ -619,6 +619,13 @@ struct FakeProvider::Impl {
     auto lock = f().lock();
     if (fails("rdma_connect")) return -1;
     if (!id_ok(id, "rdma_connect")) return -1;
+    if (on_iwarp(id->verbs) && f().connects_on_hold_) {
+      ++f().connects_in_call_;
+      f().changed_.notify_all();
+      // bounded: a test that never releases goes on after the watchdog
+      f().changed_.wait_for(lock, f().watchdog, [] { return !f().connects_on_hold_; });
+      --f().connects_in_call_;
+    }
     if (param) f().last_conn_param = *param;
     f().connects.push_back({id, param ? bytes(param->private_data, param->private_data_len)
                                       : std::vector<std::byte>()});
@@ -1700,6 +1707,13 @@ struct FakeProvider::Impl {
     return true;
   }
 
+  static int pthread_create(pthread_t* thread, void* (*run)(void*), void* arg) {
+    auto lock = f().lock();
+    if (fails("pthread_create")) return errno;
+    lock.unlock();
+    return rpmapp::detail::system_provider.pthread_create(thread, run, arg);
+  }
+
   static ssize_t read(int fd, void* buf, size_t n) {
     auto lock = f().lock();
     if (fails("read")) return -1;
@@ -1876,6 +1890,7 @@ const rpmapp::detail::Provider fake_table = {
     Sentinel<&FakeProvider::Impl::read, Ok::non_negative>::call,
     Sentinel<&FakeProvider::Impl::write, Ok::non_negative>::call,
     Sentinel<&FakeProvider::Impl::close>::call,
+    Sentinel<&FakeProvider::Impl::pthread_create>::call,
 };
 }  // namespace
 
@@ -2697,6 +2712,22 @@ std::size_t FakeProvider::cq_events_queued(const ibv_comp_channel* ch) const {
 unsigned long FakeProvider::acked_cq_events() const {
   auto held = lock();
   return acked_cq_events_;
+}
+
+void FakeProvider::hold_connects() {
+  auto lock = this->lock();
+  connects_on_hold_ = true;
+}
+
+void FakeProvider::release_connects() {
+  auto lock = this->lock();
+  connects_on_hold_ = false;
+  changed_.notify_all();
+}
+
+bool FakeProvider::connects_held(int n) {
+  auto lock = this->lock();
+  return changed_.wait_for(lock, watchdog, [&] { return connects_in_call_ >= n; });
 }
 
 bool FakeProvider::connected(ibv_qp* qp) const {

@@ -383,6 +383,13 @@ class FakeProvider {
   /// The extended attributes of the last rdma_create_qp_ex.
   ibv_qp_init_attr_ex last_qp_attr_ex{};
 
+  /// siw makes the TCP connection inside rdma_connect: while held, rdma_connect on an
+  /// iWARP device waits there (the fake's mutex released) until release_connects().
+  void hold_connects();
+  void release_connects();
+  /// Waits (up to the watchdog) until `n` rdma_connect calls are held; whether they are.
+  bool connects_held(int n);
+
   // ---- what was sent
   std::vector<Sent> accepts, rejects, connects;
   std::vector<rdma_cm_id*> disconnects;
@@ -532,6 +539,8 @@ class FakeProvider {
   };
   mutable std::mutex mutex_;
   std::condition_variable changed_;  // notified whenever an event is queued
+  bool connects_on_hold_ = false;   // hold_connects
+  int connects_in_call_ = 0;        // rdma_connect calls held
   std::vector<Fault> faults_;
   std::vector<std::string> calls_;
   std::vector<std::string> failures_;

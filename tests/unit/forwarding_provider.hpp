@@ -72,6 +72,7 @@ template <class Hook> class ForwardingProvider {
       &Forward<&P::epoll_wait>::call,           &Forward<&P::eventfd>::call,
       &Forward<&P::read>::call,                 &Forward<&P::write>::call,
       &Forward<&P::close>::call,
+      &Forward<&P::pthread_create>::call,
   };
   const P* saved_;
   std::optional<rpmapp::detail::ProviderOverride> override_;

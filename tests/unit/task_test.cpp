@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <coroutine>
@@ -773,6 +774,8 @@ TEST_CASE("connect: the peer's refusal, an unreachable peer, resolution errors, 
       Outcome<expected<Conn>> sent;
       Eager co = eager_once([&] { return loop.connect(siw, "169.254.78.9", "7471", {}, bytes_of(max_data)); }, sent);
       REQUIRE(sent.suspended());
+      // rdma_connect runs on a thread of its own there: done once its eventfd is gone
+      REQUIRE(run_until(loop, [&] { return fake.alive("eventfd") == 1; }));
       REQUIRE(fake.connects.size() == 1);
       CHECK(fake.connects[0].text() == max_data);
     }
@@ -782,6 +785,107 @@ TEST_CASE("connect: the peer's refusal, an unreachable peer, resolution errors, 
       REQUIRE_FALSE(*out.result);
       CHECK(out.result->error() == errc::inval);
       CHECK(fake.alive("cm_id") == 0);
+    }
+  }
+  fake.expect_clean();
+}
+
+TEST_CASE("connect on iWARP: rdma_connect (siw's blocking TCP connect) on a thread of its own, the loop runs on",
+          "[task][await][iwarp]") {
+  fake::FakeProvider fake;
+  fake.set_caps(1, fake::DeviceCaps::siw());
+  {
+    std::optional<EventLoop> loop(make_loop());
+    Peer siw = open_peer(fake, 1);
+    Outcome<expected<Conn>> out;
+    const auto connect = [&](ms timeout) {
+      return [&, timeout] { return loop->connect(siw, "169.254.78.9", "7471", {}, bytes_of("hi there"), timeout); };
+    };
+    // The loop's own eventfd only: the call's signal is closed once it was taken.
+    const auto taken = [&] { return fake.alive("eventfd") == 1; };
+
+    SECTION("other coroutines run while the call is held; then ESTABLISHED") {
+      fake.hold_connects();
+      REQUIRE(spawn(*loop, await_once(connect(ms(-1)), out)));
+      REQUIRE(loop->run_once(0ms));  // the coroutine starts: resolved, the call on its thread
+      REQUIRE(fake.connects_held(1));
+      Outcome<expected<void>> slept;
+      REQUIRE(spawn(*loop, await_once([&] { return loop->sleep_for(20ms); }, slept)));
+      REQUIRE(run_until(*loop, [&] { return slept.resumed == 1; }));
+      CHECK(*slept.result);
+      CHECK(out.suspended());
+      fake.release_connects();
+      REQUIRE(run_until(*loop, taken));
+      CHECK(out.suspended());  // now waiting for ESTABLISHED
+      REQUIRE(fake.connects.size() == 1);
+      CHECK(fake.connects[0].text() == "hi there");
+      fake.inject_event(fake.connects[0].id->channel->fd, RDMA_CM_EVENT_ESTABLISHED);
+      REQUIRE(run_until(*loop, [&] { return out.resumed == 1; }));
+      INFO((*out.result ? std::string() : out.result->error().message()));
+      REQUIRE(*out.result);
+      CHECK(fake.connected(*(*out.result)->qp()));
+    }
+    SECTION("rdma_connect's failure comes back from its thread as ConnReq::connect's; the request is released") {
+      fake.fail("rdma_connect", ECONNREFUSED);
+      REQUIRE(spawn(*loop, await_once(connect(ms(-1)), out)));
+      REQUIRE(run_until(*loop, [&] { return out.resumed == 1; }));
+      REQUIRE_FALSE(*out.result);
+      check_injected(out.result->error(), "rdma_connect", ECONNREFUSED);
+      CHECK(out.result->error().operation() == std::string_view("EventLoop::connect"));
+      CHECK(fake.alive("cm_id") == 0);
+      CHECK(taken());
+    }
+    SECTION("the thread's eventfd or the thread itself cannot be made: provider, nothing left") {
+      const std::string call = GENERATE("eventfd", "pthread_create");
+      fake.fail(call, kErr);
+      REQUIRE(spawn(*loop, await_once(connect(ms(-1)), out)));
+      REQUIRE(run_until(*loop, [&] { return out.resumed == 1; }));
+      REQUIRE_FALSE(*out.result);
+      check_injected(out.result->error(), call, kErr);
+      CHECK(fake.alive("cm_id") == 0);
+      CHECK(fake.alive("qp") == 0);
+      CHECK(taken());
+      CHECK(fake.connects.empty());
+    }
+    SECTION("a timeout while the call is held resumes at once; the loop releases the request once the call returns") {
+      fake.hold_connects();
+      const auto t0 = Clock::now();
+      REQUIRE(spawn(*loop, await_once(connect(100ms), out)));
+      REQUIRE(loop->run_once(0ms));  // the coroutine starts: resolved, the call on its thread
+      REQUIRE(fake.connects_held(1));
+      REQUIRE(run_until(*loop, [&] { return out.resumed == 1; }));
+      CHECK(out.at - t0 < 1s);
+      REQUIRE_FALSE(*out.result);
+      check_error(out.result->error(), errc::no_event, "EventLoop::connect", "nothing within 100 ms");
+      CHECK(fake.alive("cm_id") == 1);  // still in rdma_connect
+      fake.release_connects();
+      REQUIRE(run_until(*loop, [&] { return fake.alive("cm_id") == 0; }));
+      CHECK(taken());
+    }
+    SECTION("destroying the loop waits for a call in progress, then releases its request") {
+      fake.hold_connects();
+      REQUIRE(spawn(*loop, await_once(connect(ms(-1)), out)));
+      REQUIRE(loop->run_once(0ms));  // the coroutine starts: resolved, the call on its thread
+      REQUIRE(fake.connects_held(1));
+      std::thread releaser([&] {
+        std::this_thread::sleep_for(50ms);
+        fake.release_connects();
+      });
+      loop.reset();
+      releaser.join();
+      CHECK(out.suspended());  // the loop's coroutine was destroyed, never resumed
+      CHECK(fake.alive("cm_id") == 0);
+      CHECK(fake.alive("eventfd") == 0);
+    }
+    SECTION("on InfiniBand and RoCE the call is made in the await itself: no thread") {
+      Peer ib = open_peer(fake, 0);
+      const auto mark = fake.mark();
+      Eager co = eager_once([&] { return loop->connect(ib, "169.254.77.9", "7471"); }, out);
+      REQUIRE(out.suspended());
+      const auto calls = fake.calls_since(mark);
+      CHECK(std::count(calls.begin(), calls.end(), "rdma_connect") == 1);
+      CHECK(std::count(calls.begin(), calls.end(), "pthread_create") == 0);
+      fake.deliver_held();
     }
   }
   fake.expect_clean();

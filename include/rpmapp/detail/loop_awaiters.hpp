@@ -8,6 +8,7 @@
 #include <rpmapp/conn_req.hpp>
 #include <rpmapp/cq.hpp>
 #include <rpmapp/detail/awaiters.hpp>
+#include <rpmapp/detail/background_connect.hpp>
 #include <rpmapp/detail/channel_queues.hpp>
 #include <rpmapp/detail/loop_core.hpp>
 #include <rpmapp/endpoint.hpp>
@@ -45,7 +46,13 @@ struct LoopAccess {
   static SourceLink& link(Endpoint& e) noexcept { return e.watchers_; }
   static ConnectionCore* core(const Conn& c) noexcept { return c.core_.get(); }
   static ConnectionCore* core(const PendingConnReq& r) noexcept { return r.core_.get(); }
+  static ConnectionCore* core(const ConnReq& r) noexcept { return r.core_.get(); }
   static expected<ConnReq> take_request(const char* call, ListenerState& listener, const KeptConfig& kept);
+  static expected<std::unique_ptr<ConnectionCore>> take_for_connect(ConnReq&& r, const char* call,
+                                                                    std::span<const std::byte> data) noexcept {
+    return std::move(r).take_for_connect(call, data);
+  }
+  static Conn conn(std::unique_ptr<ConnectionCore> core) noexcept { return Conn(std::move(core)); }
 };
 
 /// Makes `w` wait in `loop` for the events of `core`'s id: its own channel's fd, or its
@@ -151,19 +158,25 @@ class ResolveAwaiter final : public Awaiter<ResolveAwaiter, expected<ConnReq>> {
 };
 
 /// co_await loop.connect(peer, addr, port, ...): resolution, connect, and the wait for
-/// ESTABLISHED, in one await.
+/// ESTABLISHED, in one await. On iWARP rdma_connect blocks (siw's TCP connect): it is made
+/// on a thread of its own (BackgroundConnect) while the loop runs on.
 class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
  public:
   ConnectAwaiter(LoopCore* core, const Peer& peer, std::string_view addr, std::string_view port,
                  const ConnConfig& config, std::span<const std::byte> private_data,
                  std::chrono::milliseconds timeout) noexcept;
 
-  // Out of the epoll set before the request or connection it owns closes the fd.
-  ~ConnectAwaiter() { detach(); }
+  // Out of the epoll set before the request or connection it owns closes the fd; an
+  // rdma_connect still in progress is left to the loop (or waited for, without one).
+  ~ConnectAwaiter() {
+    detach();
+    if (background_ && !background_->finished() && core() != nullptr) core()->adopt(std::move(background_));
+  }
 
   bool attempt() noexcept;
   expected<void> watch() noexcept {
     if (stage_ == Stage::resolving) return watch_conn_events(call(), *core(), *this, *LoopAccess::core(*pending_));
+    if (stage_ == Stage::connecting) return watch_fd(background_->fd(), nullptr);
     return watch_conn_events(call(), *core(), *this, *LoopAccess::core(*conn_));
   }
   void fail_with(const Error& e) noexcept {
@@ -176,7 +189,12 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
   }
 
  private:
-  enum class Stage { start, resolving, establishing, done, failed };
+  // The connection, once rdma_connect returned: waits for ESTABLISHED from here.
+  bool connected(expected<Conn> conn, bool watching) noexcept;
+  // The connection's next event: true once it is ESTABLISHED or failed.
+  bool established() noexcept;
+
+  enum class Stage { start, resolving, connecting, establishing, done, failed };
   const Peer* peer_;
   std::string_view addr_;  // used in the first attempt only (await_ready, within the co_await)
   std::string_view port_;
@@ -187,6 +205,7 @@ class ConnectAwaiter final : public Awaiter<ConnectAwaiter, expected<Conn>> {
   std::optional<Error> refused_;  // the private data is longer than the Peer's transport allows
   Stage stage_ = Stage::start;
   std::optional<PendingConnReq> pending_;
+  std::unique_ptr<BackgroundConnect> background_;  // connecting: iWARP's rdma_connect
   std::optional<Conn> conn_;
   Error error_;
 };

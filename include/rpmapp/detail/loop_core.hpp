@@ -95,6 +95,16 @@ struct OwnedTask {
 /// write "forever") would overflow steady_clock's nanoseconds.
 Waiter::clock::time_point deadline_after(std::chrono::milliseconds timeout) noexcept;
 
+/// Work a loop finishes for a coroutine that is gone (EventLoop::connect's thread on
+/// iWARP, its coroutine destroyed mid-call): LoopCore::adopt keeps it until finished(),
+/// then destroys it on the loop's thread; the loop's destructor waits for the rest.
+struct Orphan {
+  virtual ~Orphan() = default;
+  virtual bool finished() const noexcept = 0;
+  /// From now on the loop keeps it: wake the loop when finished.
+  virtual void adopted_by(LoopCore& loop) noexcept = 0;
+};
+
 class LoopCore {
  public:
   static constexpr std::uint64_t wake_token = ~std::uint64_t{0};
@@ -163,6 +173,10 @@ class LoopCore {
   void post_next_round(Waiter& w) noexcept;
   void unpost(Waiter& w) noexcept;
 
+  /// Keeps `orphan` until it finished (destroyed in run_once, woken by it), else until
+  /// the destructor, which waits for it. Out of memory: destroyed here (waits).
+  void adopt(std::unique_ptr<Orphan> orphan) noexcept;
+
   void own(OwnedTask& t) noexcept;
   void disown(OwnedTask& t) noexcept;
 
@@ -203,6 +217,9 @@ class LoopCore {
 
   void drain_wake() noexcept;
 
+  // Destroys the finished orphans.
+  void reap_orphans() noexcept;
+
   // Posts `w` (not posted) at the end of the list [head, tail].
   void append(Waiter& w, Waiter*& head, Waiter*& tail) noexcept;
 
@@ -217,6 +234,7 @@ class LoopCore {
   Waiter* next_head = nullptr;  // post_next_round's, for the next run_once
   Waiter* next_tail = nullptr;
   Waiter* routed = nullptr;  // the waiters of routed events (add_routed)
+  std::vector<std::unique_ptr<Orphan>> orphans;
 };
 
 /// One round of `core` (EventLoop::run_once, block_on): a pending stop() cancels the

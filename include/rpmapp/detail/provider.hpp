@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -130,6 +131,9 @@ struct Provider {
   ssize_t (*read)(int fd, void*, size_t);
   ssize_t (*write)(int fd, const void*, size_t);
   int (*close)(int fd);
+  // ---- a thread of the library's own: EventLoop::connect's rdma_connect on iWARP, which
+  // blocks in siw (pthread_create(3) without attributes: the errno value, 0 on success)
+  int (*pthread_create)(pthread_t*, void* (*run)(void*), void* arg);
 };
 
 inline const Provider system_provider = {
@@ -214,6 +218,7 @@ inline const Provider system_provider = {
     ::read,
     ::write,
     ::close,
+    [](pthread_t* thread, void* (*run)(void*), void* arg) { return ::pthread_create(thread, nullptr, run, arg); },
 };
 
 inline const Provider* current_provider = &system_provider;

@@ -17,8 +17,8 @@ RPMAPP_DECL ConnReq& ConnReq::operator=(ConnReq&& other) noexcept {
   return *this;
 }
 
-RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_data) && noexcept {
-  constexpr const char* call = "ConnReq::connect";
+RPMAPP_DECL expected<std::unique_ptr<detail::ConnectionCore>> ConnReq::take_for_connect(
+    const char* call, std::span<const std::byte> private_data) && noexcept {
   if (!core_) return detail::fail(detail::moved_from(call));
   if (auto ok = detail::check_private_data(
           call, private_data, *core_->peer,
@@ -29,9 +29,18 @@ RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_d
   core->teardown = {call, LogLevel::notice};  // released here if the call fails
   // rdma_cm would refuse with a bare EINVAL (the id is in its removal state)
   if (auto present = detail::check_device(call, core->id->verbs); !present) return detail::fail(present.error());
+  return core;
+}
+
+RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_data) && noexcept {
+  constexpr const char* call = "ConnReq::connect";
+  const bool incoming = incoming_;
+  auto taken = std::move(*this).take_for_connect(call, private_data);
+  if (!taken) return detail::fail(taken.error());
+  auto core = std::move(*taken);
   rdma_conn_param param = detail::conn_param(private_data, core->config);
   errno = 0;
-  if (incoming_) {
+  if (incoming) {
     core->before_established.store(core->peer->iwarp, std::memory_order_release);
     if (detail::provider().accept(core->id.get(), &param) != 0)
       return detail::fail(detail::provider_error_in(call, "rdma_accept", errno));

@@ -82,14 +82,41 @@ RPMAPP_DECL bool ConnectAwaiter::attempt() noexcept {
     }
     pending_.reset();
     if (!request) return finish(request.error());
-    auto conn = std::move(*request).connect(std::span<const std::byte>(data_.data(), data_size_));
-    if (!conn) return finish(conn.error());
-    conn_.emplace(std::move(*conn));
-    stage_ = Stage::establishing;
-    // Waiting (not in await_ready): now on the connection's channel.
+    const std::span<const std::byte> data(data_.data(), data_size_);
+    if (!LoopAccess::core(*request)->peer->iwarp) return connected(std::move(*request).connect(data), watching);
+    auto taken = LoopAccess::take_for_connect(std::move(*request), "ConnReq::connect", data);
+    if (!taken) return finish(taken.error());
+    auto background = BackgroundConnect::start(std::move(*taken), data);
+    if (!background) return finish(background.error());
+    background_ = std::move(*background);
+    stage_ = Stage::connecting;
     if (watching)
       if (auto ok = watch(); !ok) return finish(ok.error());
   }
+  if (stage_ == Stage::connecting) {
+    if (!background_->finished()) return false;
+    // Out of epoll before the fd closes with background_.
+    const bool watching = this->watching();
+    if (watching) core()->unwatch(*this);
+    auto taken = background_->take();
+    background_.reset();
+    if (!taken) return finish(taken.error());
+    return connected(LoopAccess::conn(std::move(*taken)), watching);
+  }
+  return established();
+}
+
+RPMAPP_DECL bool ConnectAwaiter::connected(expected<Conn> conn, bool watching) noexcept {
+  if (!conn) return finish(conn.error());
+  conn_.emplace(std::move(*conn));
+  stage_ = Stage::establishing;
+  // Waiting (not in await_ready): now on the connection's channel.
+  if (watching)
+    if (auto ok = watch(); !ok) return finish(ok.error());
+  return established();
+}
+
+RPMAPP_DECL bool ConnectAwaiter::established() noexcept {
   auto event = next_conn_event(call(), *LoopAccess::core(*conn_), Deadline(Wait::none()));
   if (!event && event.error() == errc::no_event) return false;
   if (!event) return finish(event.error());

@@ -128,6 +128,7 @@ RPMAPP_DECL LoopCore::~LoopCore() {
     w->loop = nullptr;
     w->loop_gone();
   }
+  orphans.clear();  // waits for their threads, which may still wake the loop
   const Provider& p = *seam;
   // The epoll fd first: the eventfd is in its set.
   if (epfd >= 0 && p.close(epfd) != 0) log(LogLevel::warning, "~EventLoop", provider_error("close", errno, "the loop's epoll fd"));
@@ -329,7 +330,22 @@ RPMAPP_DECL expected<std::size_t> LoopCore::run_once(const Deadline& deadline) n
   }
   ran += expire();
   ran += run_posted();
+  if (!orphans.empty()) reap_orphans();
   return ran;
+}
+
+RPMAPP_DECL void LoopCore::adopt(std::unique_ptr<Orphan> orphan) noexcept {
+  Orphan& o = *orphan;
+  try {
+    orphans.push_back(std::move(orphan));
+  } catch (const std::bad_alloc&) {
+    return;  // `orphan` is destroyed on the way out: it waits for its thread
+  }
+  o.adopted_by(*this);
+}
+
+RPMAPP_DECL void LoopCore::reap_orphans() noexcept {
+  std::erase_if(orphans, [](const std::unique_ptr<Orphan>& o) { return o->finished(); });
 }
 
 RPMAPP_DECL void LoopCore::cancel_awaiters() noexcept {

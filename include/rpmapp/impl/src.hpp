@@ -20,6 +20,7 @@
 #include <rpmapp/impl/conn_req.ipp>
 #include <rpmapp/impl/cq.ipp>
 #include <rpmapp/impl/detail_address.ipp>
+#include <rpmapp/impl/detail_background_connect.ipp>
 #include <rpmapp/impl/detail_cm_event.ipp>
 #include <rpmapp/impl/detail_completion_routes.ipp>
 #include <rpmapp/impl/detail_connection.ipp>
