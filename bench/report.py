@@ -339,7 +339,8 @@ def picture_items(table, groups):
     for r in table:
         for anchor, label, ratio in (("librpma", "librpma", r["ratios"][0]),
                                      ("second", r["second"], r["ratios"][1])):
-            if ratio is not None:
+            # a zero (rpmapp's 0 fds per connection on a shared event channel) has no place on a log scale
+            if ratio is not None and min(ratio) > 0:
                 items.append({"row": f"{r['what']} ({r['metric']})", "anchor": label, "ratio": ratio,
                               "higher_better": r["higher_better"],
                               "target": target(r["bench"], r["param"], r["metric_name"], anchor)})
