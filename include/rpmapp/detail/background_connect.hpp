@@ -37,7 +37,12 @@ class BackgroundConnect final : public Orphan {
   BackgroundConnect(const BackgroundConnect&) = delete;
   BackgroundConnect& operator=(const BackgroundConnect&) = delete;
   /// Waits for the thread (rdma_connect returned), closes the fd, releases what is left.
-  ~BackgroundConnect() override;
+  /// (The virtual functions are defined here, in the class: one defined after it would be
+  /// the key function, and every translation unit would emit the vtable and all it calls.)
+  ~BackgroundConnect() override {
+    if (started_) pthread_join(thread_, nullptr);
+    if (fd_ >= 0) seam_->close(fd_);
+  }
 
   int fd() const noexcept { return fd_; }
   bool finished() const noexcept override { return finished_.load(std::memory_order_acquire); }
@@ -47,7 +52,11 @@ class BackgroundConnect final : public Orphan {
   expected<std::unique_ptr<ConnectionCore>> take() noexcept;
 
   /// `loop` keeps this object from now on (LoopCore::adopt): the thread wakes it when done.
-  void adopted_by(LoopCore& loop) noexcept override;
+  void adopted_by(LoopCore& loop) noexcept override {
+    adopter_.store(&loop, std::memory_order_seq_cst);
+    // Done before it saw the adopter: nobody else wakes the loop to reap it.
+    if (finished_.load(std::memory_order_seq_cst)) loop.wake();
+  }
 
  private:
   BackgroundConnect(std::unique_ptr<ConnectionCore> core, std::span<const std::byte> private_data) noexcept;

@@ -98,6 +98,8 @@ Waiter::clock::time_point deadline_after(std::chrono::milliseconds timeout) noex
 /// Work a loop finishes for a coroutine that is gone (EventLoop::connect's thread on
 /// iWARP, its coroutine destroyed mid-call): LoopCore::adopt keeps it until finished(),
 /// then destroys it on the loop's thread; the loop's destructor waits for the rest.
+/// (Its implementations define their virtual functions in the class, so that no translation
+/// unit emits a vtable it does not use.)
 struct Orphan {
   virtual ~Orphan() = default;
   virtual bool finished() const noexcept = 0;

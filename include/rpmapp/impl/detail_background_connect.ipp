@@ -43,23 +43,12 @@ RPMAPP_DECL void* BackgroundConnect::run(void* self) noexcept {
   return nullptr;
 }
 
-RPMAPP_DECL BackgroundConnect::~BackgroundConnect() {
-  if (started_) pthread_join(thread_, nullptr);
-  if (fd_ >= 0) seam_->close(fd_);
-}
-
 RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> BackgroundConnect::take() noexcept {
   if (call_errno_ != 0) {
     auto released = std::move(core_);  // as ConnReq::connect: a failed request is released
     return fail(provider_error_in("ConnReq::connect", "rdma_connect", call_errno_));
   }
   return std::move(core_);
-}
-
-RPMAPP_DECL void BackgroundConnect::adopted_by(LoopCore& loop) noexcept {
-  adopter_.store(&loop, std::memory_order_seq_cst);
-  // Done before it saw the adopter: nobody else wakes the loop to reap it.
-  if (finished_.load(std::memory_order_seq_cst)) loop.wake();
 }
 
 }  // namespace detail
