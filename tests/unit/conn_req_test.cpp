@@ -385,6 +385,16 @@ TEST_CASE("ConnReq::to: a queue pair the device refuses (EINVAL) names the sizes
     CHECK(other.error().sys_errno() == EPERM);
     CHECK_THAT(other.error().message(), !Catch::Contains("refused the queue pair"));
   }
+  {
+    // an IB/RoCE device's refusal names the sizes, not siw's limit
+    Peer ib = open_peer(fake, 0);
+    fake.fail("rdma_create_qp", EINVAL);
+    auto refused = ConnReq::to(ib, "169.254.77.9", "7471");
+    REQUIRE_FALSE(refused);
+    INFO(refused.error().message());
+    CHECK_THAT(refused.error().message(), Catch::Contains("refused the queue pair: sq_size 10") &&
+                                              !Catch::Contains("siw"));
+  }
   fake.expect_clean();
 }
 

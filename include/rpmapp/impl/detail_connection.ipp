@@ -271,13 +271,14 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
   const Provider& p = provider();
   // EINVAL: the device refused a size. Say which were asked: its inline limit is in none
   // of its attributes (siw takes 80), so a config cannot be checked before the call.
-  const auto refused = [&cfg, &attr](const char* call) {
+  const auto refused = [&cfg, &attr, iwarp = core.peer->iwarp](const char* call) {
     const int e = errno;
     if (e != EINVAL) return provider_error(call, e);
     return make_error(errc::provider, e, call,
                       "the device refused the queue pair: sq_size {}, rq_size {}, max_sge {}, "
-                      "max_inline_data {} (siw takes at most 80 bytes inline)",
-                      cfg.sq_size, attr.cap.max_recv_wr, cfg.max_sge, cfg.max_inline_data);
+                      "max_inline_data {}{}",
+                      cfg.sq_size, attr.cap.max_recv_wr, cfg.max_sge, cfg.max_inline_data,
+                      iwarp ? " (siw takes at most 80 bytes inline)" : "");
   };
   errno = 0;
   if (core.peer->native_atomic_write || core.peer->native_flush) {
