@@ -7,6 +7,7 @@
 // Server and clients run in one process, over $SOFTROCE_IP. Needs $SOFTROCE_IP; fails,
 // never skips, without it. Every await has a timeout and every loop run is bounded.
 #include "support.hpp"
+#include "../sysctl.hpp"
 
 #include <rpmapp/task.hpp>
 
@@ -20,7 +21,6 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <span>
@@ -340,38 +340,13 @@ TEST_CASE("connect to a port nobody listens on: the coroutine resumes with ECONN
   CHECK(took < await_bound);
 }
 
-// Sets a sysctl for the test's lifetime (the VM's own kernel), the old value back after.
-class Sysctl {
- public:
-  Sysctl(std::string path, const std::string& value) : path_(std::move(path)), old_(read()) { write(value); }
-  ~Sysctl() { write(old_); }
-  Sysctl(const Sysctl&) = delete;
-  Sysctl& operator=(const Sysctl&) = delete;
-
- private:
-  std::string read() const {
-    std::ifstream in(path_);
-    std::string v;
-    REQUIRE(std::getline(in, v));
-    return v;
-  }
-  void write(const std::string& v) const {
-    std::ofstream out(path_);
-    out << v << '\n';
-    out.close();
-    REQUIRE(out);
-  }
-  std::string path_;
-  std::string old_;
-};
-
 TEST_CASE("connect to an address nobody has: the await's timeout ends it and the loop runs on meanwhile, on both "
           "transports (iWARP's blocking rdma_connect is made on a thread of its own)",
           "[coroutine][connect][stall]") {
   const std::string ip = ip1();
   Peer peer = local_peer(ip);
   // siw's rdma_connect takes TCP's SYN retries: 1 makes it 3 s (1 s, then 2 s), not 130 s
-  Sysctl syn_retries("/proc/sys/net/ipv4/tcp_syn_retries", "1");
+  rpmapp_tests::Sysctl syn_retries("/proc/sys/net/ipv4/tcp_syn_retries", "1");
   // the VM's netdevs are dummies: nothing answers for another host of the subnet
   const std::string nobody = ip.substr(0, ip.rfind('.') + 1) + "9";
   const auto bound = 500ms;

@@ -5,11 +5,15 @@
 //
 //   multiguest_scenarios SCENARIO ROLE   SCENARIO a|b|c|d|e, ROLE server|client|client3 (e)
 //
+// The device is SOFTROCE_DEV's: rxe0, or siw0 in its place (the iWARP pass of
+// multiguest-guest.sh); where iWARP behaves otherwise, each scenario says what it checks.
+//
 // Prints "PASS <scenario> <role>: ..." or "FAIL <scenario> <role>: ..." (exit 0 / 1) and
 // "MEASURE scenario=<s> role=<r> <key>=<value>" lines. Every wait is bounded; a failing
 // side writes <scenario>.abort so that the other stops waiting. See
 // docs/reliability.md for what each scenario expects.
 #include "ledger.hpp"
+#include "../sysctl.hpp"
 
 #include <rpmapp/rpmapp.hpp>
 
@@ -24,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -42,6 +47,7 @@ namespace {
 
 std::string g_scenario = "?";
 std::string g_role = "?";
+bool g_iwarp = false;  // the device's transport (main asks it)
 
 // A failed expectation: caught in main, printed as FAIL.
 struct Failure : std::runtime_error {
@@ -177,8 +183,30 @@ struct Buffers {
   }
 };
 
-// The next completion of `conn`'s CQ within `timeout`, or nothing.
-std::optional<ibv_wc> next_completion(rpmapp::Conn& conn, std::chrono::milliseconds timeout) {
+// Completions that completion_of read while it waited for another, per queue pair; the next
+// next_completion hands them out first. A send's and a receive's completions come in either
+// order: on siw the echo's receive often completes before the send that asked for it.
+std::mutex g_stash_mutex;
+std::map<ibv_qp*, std::deque<ibv_wc>> g_stash;
+
+// The first kept completion of `conn` that `match` accepts, taken out of the stash.
+template <class Match> std::optional<ibv_wc> take_kept(rpmapp::Conn& conn, Match match) {
+  std::lock_guard lock(g_stash_mutex);
+  auto it = g_stash.find(MUST(conn.qp()));
+  if (it == g_stash.end()) return std::nullopt;
+  auto& kept = it->second;
+  for (auto wc = kept.begin(); wc != kept.end(); ++wc) {
+    if (!match(*wc)) continue;
+    const ibv_wc found = *wc;
+    kept.erase(wc);
+    if (kept.empty()) g_stash.erase(it);
+    return found;
+  }
+  return std::nullopt;
+}
+
+// The next completion of `conn`'s CQ itself within `timeout`, or nothing.
+std::optional<ibv_wc> read_cq(rpmapp::Conn& conn, std::chrono::milliseconds timeout) {
   rpmapp::Cq cq = MUST(conn.cq());
   const auto deadline = Clock::now() + timeout;
   for (;;) {
@@ -191,19 +219,29 @@ std::optional<ibv_wc> next_completion(rpmapp::Conn& conn, std::chrono::milliseco
   }
 }
 
-// Waits for the completion with context `ctx` (others are returned in `others`).
+// The next completion of `conn` within `timeout` (a kept one first), or nothing.
+std::optional<ibv_wc> next_completion(rpmapp::Conn& conn, std::chrono::milliseconds timeout) {
+  if (auto kept = take_kept(conn, [](const ibv_wc&) { return true; })) return kept;
+  return read_cq(conn, timeout);
+}
+
+// Waits for the completion with context `ctx`; another that succeeded is kept for
+// next_completion, one that failed fails the test.
 ibv_wc completion_of(rpmapp::Conn& conn, std::uint64_t ctx, std::chrono::milliseconds timeout,
                      const char* what) {
+  if (auto kept = take_kept(conn, [ctx](const ibv_wc& wc) { return wc.wr_id == ctx; })) return *kept;
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    auto wc = next_completion(conn, left.count() > 0 ? left : 0ms);
+    auto wc = read_cq(conn, left.count() > 0 ? left : 0ms);
     if (!wc) fail(std::string("no completion of the ") + what + " within " +
                   std::to_string(timeout.count()) + " ms (it hangs)");
     if (wc->wr_id == ctx) return *wc;
     if (wc->status != IBV_WC_SUCCESS)
       fail(std::string("unexpected failed completion (wr_id ") + std::to_string(wc->wr_id) +
            ") while waiting for the " + what + ": " + ibv_wc_status_str(wc->status));
+    std::lock_guard lock(g_stash_mutex);
+    g_stash[MUST(conn.qp())].push_back(*wc);
   }
 }
 
@@ -226,11 +264,11 @@ void client_round_trip(rpmapp::Conn& conn, Buffers& buf, const std::string& text
   if (buf.received() != "echo " + text)
     fail("echo of '" + text + "' came back as '" + buf.received() + "'");
 }
-// Serves round trips until the message "bye"; returns how many it echoed.
+// Serves round trips until the message "bye"; returns how many it echoed. The first recv
+// was posted by accept_one, before the connection existed.
 int server_echo(rpmapp::Conn& conn, Buffers& buf, std::chrono::milliseconds timeout,
                 int* unreachable) {
   for (int n = 0;; ++n) {
-    MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
     const auto deadline = Clock::now() + timeout;
     std::optional<ibv_wc> wc;
     while (!(wc = next_completion(conn, 100ms))) {
@@ -247,6 +285,7 @@ int server_echo(rpmapp::Conn& conn, Buffers& buf, std::chrono::milliseconds time
     if (wc->status != IBV_WC_SUCCESS) fail("recv: " + wc_text(*wc));
     const std::string text = buf.received();
     if (text == "bye") return n;
+    MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));  // before the echo: the next message
     buf.set_message("echo " + text);
     MUST(conn.send(buf.mr, 0, Buffers::slot, rpmapp::Completion::always, 22));
     auto sent = completion_of(conn, 22, timeout, "echo send");
@@ -285,8 +324,11 @@ rpmapp::Conn connect_to_server(const rpmapp::Peer& peer, const std::string& port
     fail("connect: " + std::string(rpmapp::to_string(ev)) + " instead of established");
   return conn;
 }
-rpmapp::Conn accept_one(rpmapp::Endpoint& ep) {
+// With `first_recv`, a recv is posted on the request, so the client's first message finds
+// it: iWARP has no RNR retry (a send that finds no recv ends the connection).
+rpmapp::Conn accept_one(rpmapp::Endpoint& ep, Buffers* first_recv = nullptr) {
   auto req = MUST(ep.next_conn_req_for(30s));
+  if (first_recv) MUST(req.recv(first_recv->mr, Buffers::slot, Buffers::slot, 21));
   auto conn = MUST(std::move(req).connect());
   const auto ev = event_within(conn, 30s, "server");
   if (ev != rpmapp::ConnEvent::established)
@@ -319,6 +361,8 @@ void kill_and_reap(pid_t pid) {
 // connections and posts nothing; each client connection has a recv posted and a send in
 // flight (RNR-retried: the server posts no recv). After the kill every client connection
 // must see closed or lost, and, once disconnected, both operations complete with an error.
+// iWARP has no RNR retry (a send that finds no recv ends the connection with a TERMINATE),
+// so there each client connection has only its recv posted.
 constexpr int a_conns = 8;
 
 int a_server_victim() {
@@ -363,6 +407,7 @@ void a_client() {
     wait_for("accepted", 30s);
     for (int i = 0; i < a_conns; ++i) {
       MUST(conns[i].recv(bufs[i]->mr, Buffers::slot, Buffers::slot, 1));
+      if (g_iwarp) continue;
       bufs[i]->set_message("in flight");
       MUST(conns[i].send(bufs[i]->mr, 0, Buffers::slot, rpmapp::Completion::always, 2));
     }
@@ -394,10 +439,14 @@ void a_client() {
       std::this_thread::sleep_for(5ms);
     }
     wait_for("killed", 30s);
-    // before the application reacts, has anything completed on its own?
+    // before the application reacts, has anything completed on its own? rxe: nothing, the
+    // queue pairs are still ready to send; iWARP: siw flushes each posted recv itself when
+    // its connection closes.
     int early = 0;
     for (int i = 0; i < a_conns; ++i) {
-      if (auto wc = next_completion(conns[i], 0ms)) {
+      const auto wc = g_iwarp ? std::optional(completion_of(conns[i], 1, 10s, "posted recv"))
+                              : next_completion(conns[i], 0ms);
+      if (wc) {
         ++early;
         if (wc->status == IBV_WC_SUCCESS) fail("an operation succeeded after the server died");
         ++statuses[std::string(wc->wr_id == 1 ? "recv:" : "send:") + ibv_wc_status_str(wc->status)];
@@ -406,12 +455,12 @@ void a_client() {
     }
     measure("completions_before_disconnect", early);
     measure("all_closed_or_lost_s", worst_event);
-    if (early > 0) fail("completions before disconnect: not expected (see the lines above)");
+    if (!g_iwarp && early > 0) fail("completions before disconnect: not expected (see the lines above)");
     const auto disconnected = Clock::now();
     for (int i = 0; i < a_conns; ++i) {
       MUST(conns[i].disconnect());  // the application's answer: the queue pair goes to error
       for (std::uint64_t ctx : {1u, 2u}) {
-        if (early > 0) break;  // then this loop's pairing of contexts is not exact; fail below
+        if (early > 0) break;  // rxe: then this loop's pairing is not exact (failed above)
         auto wc = completion_of(conns[i], ctx, 30s, ctx == 1 ? "posted recv" : "send in flight");
         if (wc.status == IBV_WC_SUCCESS)
           fail("connection " + std::to_string(i) + ": the " + (ctx == 1 ? "recv" : "send") +
@@ -481,8 +530,8 @@ void b_server() {
 
     // Round 3: the same endpoint still serves a live client.
     put("round3");
-    auto live = accept_one(ep);
     Buffers buf(peer);
+    auto live = accept_one(ep, &buf);
     const int echoed = server_echo(live, buf, 30s, nullptr);
     if (echoed != 1) fail("round3: echoed " + std::to_string(echoed) + " messages, expected 1");
     const auto ev = event_within(live, 30s, "server");
@@ -540,7 +589,12 @@ void b_client(const char* self) {
 // (retry_cnt + 1) local ACK timeouts of 4.096 us * 2^timeout, is the kernel's choice
 // (rdma_cm sets the timeout from its RoCE packet lifetime: 2^19, 15 s with retry_count 6,
 // on 6.1; 2^17, 3.8 s, on 6.12), and a longer cut ends the connection (scenario d).
+// On iWARP the budget is TCP's (tcp_retries2: about 15 minutes by default): 5 s.
 std::chrono::milliseconds cut_within_retry_budget(rpmapp::Conn& conn) {
+  if (g_iwarp) {
+    say("iWARP: TCP retransmits across the cut");
+    return 5s;
+  }
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
   if (int rc = ibv_query_qp(MUST(conn.qp()), &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init); rc != 0)
@@ -562,8 +616,8 @@ void c_server() {
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
     auto ep = MUST(rpmapp::Endpoint::listen(peer, ip, "0"));
     put("port", std::to_string(MUST(ep.port())));
-    auto conn = accept_one(ep);
     Buffers buf(peer);
+    auto conn = accept_one(ep, &buf);
     const int echoed = server_echo(conn, buf, 60s, &unreachable);
     if (echoed != 6) fail("echoed " + std::to_string(echoed) + " messages, expected 6");
     auto ev = event_within(conn, 30s, "server");
@@ -627,10 +681,17 @@ void c_client() {
 // Both sides have a recv posted, then the client's guest link is cut and each side posts a
 // send: each send fails with IBV_WC_RETRY_EXC_ERR (retry_count 6, ~15 s on rxe), and the
 // connection then reports lost.
+// iWARP: a send completes once TCP has taken it (siw does not wait for the peer), so each
+// send succeeds; the connection ends when TCP gives up retransmitting, after tcp_retries2
+// (15 by default: about 15 minutes; 4 here in both guests: about 6 s), and rdma_cm reports
+// it as DISCONNECTED, which is closed: iWARP's connection manager has no other event for
+// it. The posted recv is then flushed.
 void d_side(bool server) {
   open_ledger();
   const auto baseline = reliability::ledger_of();
   const char* who = server ? "server" : "client";
+  std::optional<rpmapp_tests::Sysctl> tcp_retries;
+  if (g_iwarp) tcp_retries.emplace("/proc/sys/net/ipv4/tcp_retries2", "4");
   {
     const std::string ip = env("SOFTROCE_IP");
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
@@ -658,12 +719,17 @@ void d_side(bool server) {
     const auto posted = Clock::now();
     MUST(conn.send(buf.mr, 0, Buffers::slot, rpmapp::Completion::always, 32));
     // Watch the completion queue and the connection's events together, so that each event
-    // is timed when it comes; after the failed send, 10 s more for an event to follow.
+    // is timed when it comes. rxe: after the failed send, 10 s more for an event to follow;
+    // iWARP: until the connection ended.
     std::optional<ibv_wc> wc;
     double detect = 0;
-    double lost_at = -1;
-    std::string events;
-    while (Clock::now() < posted + 40s && (!wc || since(posted) < detect + 10)) {
+    double lost_at = -1, ended_at = -1;
+    std::string events, end_event;
+    const auto done = [&] {
+      if (!wc) return false;
+      return g_iwarp ? ended_at >= 0 : since(posted) >= detect + 10;
+    };
+    while (Clock::now() < posted + 40s && !done()) {
       if (!wc) {
         if ((wc = next_completion(conn, 0ms))) {
           detect = since(posted);
@@ -676,8 +742,10 @@ void d_side(bool server) {
         events += name + "@" + std::to_string(since(posted)).substr(0, 5) + "s ";
         say("event " + name + " " + std::to_string(since(posted)) + " s after the send was posted");
         if (*ev == rpmapp::ConnEvent::unreachable) measure("unreachable_after_send_s", since(posted));
-        if (*ev == rpmapp::ConnEvent::lost || *ev == rpmapp::ConnEvent::closed)
+        if (*ev == rpmapp::ConnEvent::lost || *ev == rpmapp::ConnEvent::closed) {
           measure(name + "_after_send_s", since(posted));
+          if (ended_at < 0) ended_at = since(posted), end_event = name;
+        }
         if (*ev == rpmapp::ConnEvent::lost && lost_at < 0) lost_at = since(posted);
       } else if (ev.error().code() != rpmapp::errc::no_event) {
         fail("Conn::try_next_event: " + ev.error().message());
@@ -685,22 +753,32 @@ void d_side(bool server) {
       std::this_thread::sleep_for(5ms);
     }
     if (!wc) fail("the send across the dead link did not complete within 40 s (it hangs)");
-    if (wc->status != IBV_WC_RETRY_EXC_ERR)
-      fail("the send completed with " + wc_text(*wc) + ", expected transport retry counter exceeded");
-    auto checked = rpmapp::check(*wc);
-    if (checked) fail("rpmapp::check accepted a retry-exceeded completion");
-    say("send failed after " + std::to_string(detect) + " s: " + checked.error().message());
-    measure("retry_exc_s", detect);
-    say("connection events up to 10 s after the failed send: " + (events.empty() ? "none" : events));
-    // rdma_cm reports nothing; the failed completion, once read, makes the connection lost.
-    if (lost_at < 0) fail("the connection did not report lost after its send failed with retry exceeded");
-    if (lost_at < detect) fail("lost came before the failed completion was read");
+    say("connection events: " + (events.empty() ? "none" : events));
+    if (g_iwarp) {
+      if (wc->status != IBV_WC_SUCCESS)
+        fail("the send completed with " + wc_text(*wc) + ", expected success (TCP took it)");
+      say("the send completed with success after " + std::to_string(detect) + " s: TCP took it");
+      if (ended_at < 0) fail("the connection did not end within 40 s of the send (tcp_retries2 4)");
+      if (end_event != "closed") fail("the connection ended with " + end_event + ", expected closed");
+      measure("closed_after_tcp_gave_up_s", ended_at);
+    } else {
+      if (wc->status != IBV_WC_RETRY_EXC_ERR)
+        fail("the send completed with " + wc_text(*wc) + ", expected transport retry counter exceeded");
+      auto checked = rpmapp::check(*wc);
+      if (checked) fail("rpmapp::check accepted a retry-exceeded completion");
+      say("send failed after " + std::to_string(detect) + " s: " + checked.error().message());
+      measure("retry_exc_s", detect);
+      // rdma_cm reports nothing; the failed completion, once read, makes the connection lost.
+      if (lost_at < 0) fail("the connection did not report lost after its send failed with retry exceeded");
+      if (lost_at < detect) fail("lost came before the failed completion was read");
+    }
     MUST(conn.disconnect());
     auto recv_wc = completion_of(conn, 31, 10s, "posted recv");
     if (recv_wc.status == IBV_WC_SUCCESS) fail("the posted recv succeeded across a dead link");
     say("the posted recv completed with " + wc_text(recv_wc));
     put(std::string(who) + "-done");
     wait_for(server ? "client-done" : "server-done", 60s);
+    if (!server) set_my_link("on");  // for what runs next (the iWARP pass)
   }
   expect_ledger_back(baseline, who, 30s);
 }
@@ -795,8 +873,7 @@ std::string expect_failed(rpmapp::Conn& conn, std::vector<std::uint64_t> ctxs,
 // transient unreachable is counted, any other event fails. Returns the messages echoed.
 int e_serve(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>& stop, const std::string& who) {
   int echoed = 0, unreachable = 0;
-  for (;;) {
-    MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
+  for (;;) {  // the first recv was posted by accept_for
     const auto deadline = Clock::now() + 60s;
     std::optional<ibv_wc> wc;
     while (!(wc = next_completion(conn, 100ms))) {
@@ -815,6 +892,7 @@ int e_serve(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>& stop, con
     if (wc->wr_id != 21 || wc->status != IBV_WC_SUCCESS) fail(who + ": recv: " + wc_text(*wc));
     const std::string text = buf.received();
     if (text == "bye") break;
+    MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
     buf.set_message("echo " + text);
     MUST(conn.send(buf.mr, 0, Buffers::slot, rpmapp::Completion::always, 22));
     auto sent = completion_of(conn, 22, 30s, "echo send");
@@ -833,7 +911,9 @@ int e_serve(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>& stop, con
 // Serves one of guest 3's connections until the cut: echoes its messages; once <e>.cut
 // exists, probes it with a send (once no echo is in flight). That send must fail with
 // retry-exceeded within 45 s of the cut; then the next events are logged, the connection
-// is disconnected and its posted recv must fail too.
+// is disconnected and its posted recv must fail too. iWARP: the probe succeeds (TCP took
+// it) and the connection must end `closed` within 45 s of the cut, when TCP gives up
+// (tcp_retries2 4: e_server sets it).
 void e_serve_until_cut(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>& stop,
                        const std::string& who) {
   const auto start = Clock::now();
@@ -841,12 +921,13 @@ void e_serve_until_cut(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>
   bool recv_posted = false, send_out = false, probe_posted = false;
   int echoed = 0;
   std::string events;
-  MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
-  recv_posted = true;
+  recv_posted = true;  // by accept_for
   std::optional<ibv_wc> failed_send;
   Clock::time_point failed_when;
   std::string other_failures;
-  while (!failed_send) {
+  bool probe_done = false;  // iWARP: the probe's success
+  std::optional<Clock::time_point> closed_at;
+  while (g_iwarp ? !(closed_at && probe_done) : !failed_send) {
     if (stop) return;
     if (!cut_seen && exists(file_name("cut"))) cut_seen = Clock::now();
     if (cut_seen && !send_out && !probe_posted) {
@@ -864,6 +945,7 @@ void e_serve_until_cut(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>
       events += name + "@" + std::to_string(cut_seen ? since(*cut_seen) : -1.0).substr(0, 5) + "s ";
       if (!cut_seen && *ev != rpmapp::ConnEvent::unreachable)
         fail(who + ": event before the cut: " + name);
+      if (g_iwarp && *ev == rpmapp::ConnEvent::closed && !closed_at) closed_at = Clock::now();
     } else if (ev.error().code() != rpmapp::errc::no_event) {
       fail(who + ": Conn::try_next_event: " + ev.error().message());
     }
@@ -893,9 +975,24 @@ void e_serve_until_cut(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>
       ++echoed;
       MUST(conn.recv(buf.mr, Buffers::slot, Buffers::slot, 21));
       recv_posted = true;
+    } else if (g_iwarp) {
+      probe_done = true;
+      send_out = false;
     } else {
       fail(who + ": the probe reached the cut guest");
     }
+  }
+  if (g_iwarp) {
+    const double ended = std::chrono::duration<double>(*closed_at - *cut_seen).count();
+    say(who + ": echoed " + std::to_string(echoed) + " before the cut; the probe succeeded (TCP took it); " +
+        "closed " + std::to_string(ended).substr(0, 5) + " s after the cut was seen");
+    measure("server_closed_after_cut_s", ended);
+    say(who + ": events: " + events);
+    MUST(conn.disconnect());
+    std::vector<std::uint64_t> left;
+    if (recv_posted) left.push_back(21);
+    say(who + ": after disconnect(): " + expect_failed(conn, left, 10s, who) + other_failures);
+    return;
   }
   const double detect = std::chrono::duration<double>(failed_when - *cut_seen).count();
   const double after_post = probed ? std::chrono::duration<double>(failed_when - *probed).count() : -1;
@@ -921,7 +1018,10 @@ void e_serve_until_cut(rpmapp::Conn& conn, Buffers& buf, const std::atomic<bool>
 
 // The next request within `timeout`, connected and established; stops waiting at once when
 // another guest wrote <e>.abort.
-rpmapp::Conn accept_for(rpmapp::Endpoint& ep, std::chrono::seconds timeout, const char* who) {
+// The request's first recv (context 21) goes into `first_recv` before the accept: iWARP has
+// no RNR retry.
+rpmapp::Conn accept_for(rpmapp::Endpoint& ep, Buffers& first_recv, std::chrono::seconds timeout,
+                        const char* who) {
   const auto deadline = Clock::now() + timeout;
   std::optional<rpmapp::ConnReq> next;
   while (!next) {
@@ -937,6 +1037,7 @@ rpmapp::Conn accept_for(rpmapp::Endpoint& ep, std::chrono::seconds timeout, cons
     }
   }
   auto req = std::move(*next);
+  MUST(req.recv(first_recv.mr, Buffers::slot, Buffers::slot, 21));
   auto conn = MUST(std::move(req).connect());
   const auto ev = event_within(conn, 30s, who);
   if (ev != rpmapp::ConnEvent::established)
@@ -947,6 +1048,8 @@ rpmapp::Conn accept_for(rpmapp::Endpoint& ep, std::chrono::seconds timeout, cons
 void e_server() {
   open_ledger();
   const auto baseline = reliability::ledger_of();
+  std::optional<rpmapp_tests::Sysctl> tcp_retries;  // iWARP: TCP gives up on guest 3 in seconds (see d)
+  if (g_iwarp) tcp_retries.emplace("/proc/sys/net/ipv4/tcp_retries2", "4");
   {
     const std::string ip = env("SOFTROCE_IP");
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
@@ -956,8 +1059,8 @@ void e_server() {
     std::vector<rpmapp::Conn> g2, g3;
     std::vector<std::unique_ptr<Buffers>> g2_bufs, g3_bufs;
     for (int i = 0; i < e_conns; ++i) {
-      g2.push_back(accept_for(ep, 90s, "server"));
       g2_bufs.push_back(std::make_unique<Buffers>(peer));
+      g2.push_back(accept_for(ep, *g2_bufs.back(), 90s, "server"));
     }
     Workers g2_workers;
     for (int i = 0; i < e_conns; ++i)
@@ -967,8 +1070,8 @@ void e_server() {
     const auto with_g2 = reliability::ledger_of();
     put("g3-go");
     for (int i = 0; i < e_conns; ++i) {
-      g3.push_back(accept_for(ep, 60s, "server"));
       g3_bufs.push_back(std::make_unique<Buffers>(peer));
+      g3.push_back(accept_for(ep, *g3_bufs.back(), 60s, "server"));
     }
     const auto with_g3 = reliability::ledger_of();
     const std::string g3_held = reliability::ledger_diff(with_g2, with_g3);
@@ -1004,8 +1107,8 @@ void e_server() {
     std::vector<rpmapp::Conn> again;
     std::vector<std::unique_ptr<Buffers>> again_bufs;
     for (int i = 0; i < e_reconnects; ++i) {
-      again.push_back(accept_for(ep, 120s, "server"));
       again_bufs.push_back(std::make_unique<Buffers>(peer));
+      again.push_back(accept_for(ep, *again_bufs.back(), 120s, "server"));
     }
     {
       Workers again_workers;
@@ -1112,10 +1215,14 @@ rpmapp::Conn connect_again(const rpmapp::Peer& peer, const std::string& port) {
 }
 
 // Guest 3: round trips on all its connections, cuts its link, posts a send on each: each
-// must fail with retry-exceeded; drops them; restores the link and connects again.
+// must fail with retry-exceeded; drops them; restores the link and connects again. iWARP:
+// each send succeeds (TCP took it) and each connection must end `closed` when TCP gives up
+// (tcp_retries2 4 here), its recv flushed.
 void e_client3() {
   open_ledger();
   const auto baseline = reliability::ledger_of();
+  std::optional<rpmapp_tests::Sysctl> tcp_retries;
+  if (g_iwarp) tcp_retries.emplace("/proc/sys/net/ipv4/tcp_retries2", "4");
   {
     const std::string ip = env("SOFTROCE_IP");
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
@@ -1143,24 +1250,37 @@ void e_client3() {
         bufs[i]->set_message("lost " + e_message(3, i, ++seq));
         MUST(conns[i].send(bufs[i]->mr, 0, Buffers::slot, rpmapp::Completion::always, 42));
       }
-      std::vector<double> failed_at(e_conns, -1);
+      std::vector<double> failed_at(e_conns, -1);  // rxe: the send failed; iWARP: closed
       std::vector<std::string> events(e_conns);
-      std::vector<bool> recv_done(e_conns, false);
+      std::vector<bool> recv_done(e_conns, false), sent(e_conns, false), closed(e_conns, false);
       double worst = 0;
       for (int left = e_conns; left > 0;) {
         if (since(posted) > 40)
-          fail(std::to_string(left) + " sends across the dead link did not complete within 40 s (they hang)");
+          fail(std::to_string(left) + " connections across the dead link did not end within 40 s (they hang)");
         for (int i = 0; i < e_conns; ++i) {
           // once its send failed, a connection's next event (lost) is for expect_lost below
           if (failed_at[i] >= 0) continue;
+          if (g_iwarp && sent[i] && closed[i]) {
+            failed_at[i] = since(posted);
+            worst = std::max(worst, failed_at[i]);
+            --left;
+            say("connection " + std::to_string(i) + ": closed " + std::to_string(failed_at[i]).substr(0, 5) +
+                " s after posting (the send had succeeded: TCP took it)");
+            continue;
+          }
           auto ev = conns[i].try_next_event();
           if (ev) {
             events[i] += std::string(rpmapp::to_string(*ev)) + "@" + std::to_string(since(posted)).substr(0, 5) + "s ";
+            if (*ev == rpmapp::ConnEvent::closed) closed[i] = true;
           } else if (ev.error().code() != rpmapp::errc::no_event) {
             fail("Conn::try_next_event: " + ev.error().message());
           }
           auto wc = next_completion(conns[i], 0ms);
           if (!wc) continue;
+          if (g_iwarp && wc->wr_id == 42 && wc->status == IBV_WC_SUCCESS) {
+            sent[i] = true;
+            continue;
+          }
           if (wc->status == IBV_WC_SUCCESS) fail("wr_id " + std::to_string(wc->wr_id) + " succeeded across the dead link");
           if (wc->wr_id == 41) {  // the recv flushed first: keep waiting for the send
             recv_done[i] = true;
@@ -1178,11 +1298,11 @@ void e_client3() {
         }
         std::this_thread::sleep_for(5ms);
       }
-      measure("client_send_retry_exc_s", worst);
+      measure(g_iwarp ? "client_closed_s" : "client_send_retry_exc_s", worst);
       for (int i = 0; i < e_conns; ++i) {
         say("connection " + std::to_string(i) + ": events up to the failure: " +
             (events[i].empty() ? "none" : events[i]));
-        expect_lost(conns[i], "connection " + std::to_string(i));
+        if (!g_iwarp) expect_lost(conns[i], "connection " + std::to_string(i));
       }
       for (int i = 0; i < e_conns; ++i) {
         MUST(conns[i].disconnect());
@@ -1229,6 +1349,10 @@ int main(int argc, char** argv) {
   g_role = argv[2];
   const auto t0 = Clock::now();
   try {
+    {
+      auto peer = MUST(rpmapp::Peer::from_address(env("SOFTROCE_IP"), rpmapp::AddressKind::local));
+      g_iwarp = MUST(peer.iwarp());
+    }
     if (g_role == "victim") return g_scenario == "a" ? a_server_victim() : b_client_victim("");
     if (g_role == "victim2") return b_client_victim("2");
     const bool server = g_role == "server";
