@@ -140,6 +140,13 @@ std::string env(const char* name) {
   if (v == nullptr || *v == '\0') fail(std::string(name) + " is not set (run in rpmapp-multiguest)");
   return v;
 }
+// iWARP: a dead link ends a connection only when TCP gives up retransmitting, after
+// tcp_retries2 (15 by default: about 15 minutes); 4 makes it about 6 s for the scope.
+std::optional<rpmapp_tests::Sysctl> tcp_gives_up_in_seconds() {
+  if (!g_iwarp) return std::nullopt;
+  return std::optional<rpmapp_tests::Sysctl>(std::in_place, "/proc/sys/net/ipv4/tcp_retries2", "4");
+}
+
 std::string server_ip() {
   std::istringstream ips(env("MG_IPS"));
   std::string first;
@@ -690,8 +697,7 @@ void d_side(bool server) {
   open_ledger();
   const auto baseline = reliability::ledger_of();
   const char* who = server ? "server" : "client";
-  std::optional<rpmapp_tests::Sysctl> tcp_retries;
-  if (g_iwarp) tcp_retries.emplace("/proc/sys/net/ipv4/tcp_retries2", "4");
+  const auto tcp_retries = tcp_gives_up_in_seconds();
   {
     const std::string ip = env("SOFTROCE_IP");
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
@@ -1048,8 +1054,7 @@ rpmapp::Conn accept_for(rpmapp::Endpoint& ep, Buffers& first_recv, std::chrono::
 void e_server() {
   open_ledger();
   const auto baseline = reliability::ledger_of();
-  std::optional<rpmapp_tests::Sysctl> tcp_retries;  // iWARP: TCP gives up on guest 3 in seconds (see d)
-  if (g_iwarp) tcp_retries.emplace("/proc/sys/net/ipv4/tcp_retries2", "4");
+  const auto tcp_retries = tcp_gives_up_in_seconds();  // on guest 3 (see d)
   {
     const std::string ip = env("SOFTROCE_IP");
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
@@ -1221,8 +1226,7 @@ rpmapp::Conn connect_again(const rpmapp::Peer& peer, const std::string& port) {
 void e_client3() {
   open_ledger();
   const auto baseline = reliability::ledger_of();
-  std::optional<rpmapp_tests::Sysctl> tcp_retries;
-  if (g_iwarp) tcp_retries.emplace("/proc/sys/net/ipv4/tcp_retries2", "4");
+  const auto tcp_retries = tcp_gives_up_in_seconds();
   {
     const std::string ip = env("SOFTROCE_IP");
     auto peer = MUST(rpmapp::Peer::from_address(ip, rpmapp::AddressKind::local));
