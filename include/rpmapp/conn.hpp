@@ -309,7 +309,9 @@ class Conn {
 
   /// Starts disconnecting. The peer sees ConnEvent::closed; this side sees closed once the
   /// peer has also called disconnect() (or destroyed its connection), or after the CM's
-  /// timeout: call disconnect() on both sides, as with librpma.
+  /// timeout: call disconnect() on both sides, as with librpma. Wait for closed before
+  /// close(): closing first cancels the disconnect request, and one not yet sent never
+  /// leaves (kernel 7.2 under a burst of disconnects: 76 of 1,000 peers never saw closed).
   /// On the accepting side, wait for ConnEvent::established first: before it the IB CM can
   /// send neither a DREQ nor a DREP, so rdma_disconnect only moves the queue pair to the
   /// error state and returns success, and the peer may never see closed (seen on rxe when a
