@@ -38,10 +38,13 @@
 // other, all on one SharedEventChannel and one SharedCq (so the client holds thousands
 // without an fd or a CQ each), and on each, once established, one round trip: a message
 // that names the process and the connection, whose echo must come back on the same
-// connection, byte for byte. Keeps them all; prints "fault_client: echo ready
-// round_trips N seconds S", and after a line on stdin disconnects them all, waits for
-// each one's closed, releases them and prints "fault_client: echo done". Exits 1 on the first failure (printed), each wait
-// bounded by 30 s.
+// connection, byte for byte. On iWARP a first message whose echo has not come back
+// within 1 s is sent again: siw can leave the active side's first message unread until
+// the next frame arrives (docs/peer.md, "the active side's first message"); then both
+// echoes must come back. Keeps them all; prints "fault_client: echo ready round_trips N
+// resent K seconds S" (K: the messages sent again), and after a line on stdin disconnects
+// them all, waits for each one's closed, releases them and prints "fault_client: echo
+// done". Exits 1 on the first failure (printed), each wait bounded by 30 s.
 #include <rpmapp/rpmapp.hpp>
 
 #include <arpa/inet.h>
@@ -252,35 +255,41 @@ int memlock_as_user(const char* ip, long uid, long limit, long region) {
 
 // The scale scenario's client (see the top).
 int echo_client(const std::string& ip, const std::string& port, long connections) {
-  constexpr std::size_t slot = 64;  // per connection: its message, then its echo
+  constexpr std::size_t slot = 64;  // per connection: its message, then an echo slot for each of two echoes
+  constexpr std::size_t slots = 3;
   constexpr auto bound = std::chrono::milliseconds(30000);
+  constexpr auto resend_after = std::chrono::milliseconds(1000);  // iWARP: see the top
   auto report = [](const char* what, const rpmapp::Error& e) {
     std::fprintf(stderr, "fault_client: echo: %s: %s\n", what, e.message().c_str());
     return 1;
   };
   auto peer = rpmapp::Peer::from_address(ip, rpmapp::AddressKind::remote);
   if (!peer) return report("Peer::from_address", peer.error());
+  auto iwarp = peer->iwarp();
+  if (!iwarp) return report("Peer::iwarp", iwarp.error());
   auto events = rpmapp::SharedEventChannel::create();
   if (!events) return report("SharedEventChannel::create", events.error());
   auto shared = rpmapp::SharedCq::create(*peer, {.size = 256});
   if (!shared) return report("SharedCq::create", shared.error());
   auto cq = shared->cq();
   if (!cq) return report("SharedCq::cq", cq.error());
-  std::vector<char> memory(static_cast<std::size_t>(connections) * 2 * slot);
+  std::vector<char> memory(static_cast<std::size_t>(connections) * slots * slot);
   auto mr = rpmapp::MrLocal::reg(*peer, memory.data(), memory.size(), rpmapp::MrUsage::send | rpmapp::MrUsage::recv);
   if (!mr) return report("MrLocal::reg", mr.error());
   rpmapp::ConnConfig config;
-  config.sq_size = config.rq_size = 1;
+  config.sq_size = config.rq_size = *iwarp ? 2 : 1;  // iWARP: room for a message sent again and its echo
   config.shared_cq = &*shared;
   config.shared_event_channel = &*events;
   std::vector<rpmapp::Conn> conns;
   conns.reserve(static_cast<std::size_t>(connections));
+  long resent = 0;
   const auto t0 = Clock::now();
   for (long i = 0; i < connections; ++i) {
     auto req = rpmapp::ConnReq::to(*peer, ip, port, config);
     if (!req) return report("ConnReq::to", req.error());
-    const std::size_t at = static_cast<std::size_t>(i) * 2 * slot;
-    if (auto ok = req->recv(*mr, at + slot, slot, 1); !ok) return report("ConnReq::recv", ok.error());
+    const std::size_t at = static_cast<std::size_t>(i) * slots * slot;
+    for (std::uint64_t r = 1; r <= config.rq_size; ++r)
+      if (auto ok = req->recv(*mr, at + r * slot, slot, r); !ok) return report("ConnReq::recv", ok.error());
     auto conn = std::move(*req).connect();
     if (!conn) return report("ConnReq::connect", conn.error());
     auto event = conn->next_event_for(bound);
@@ -290,14 +299,21 @@ int echo_client(const std::string& ip, const std::string& port, long connections
       return 1;
     }
     const int n = std::snprintf(memory.data() + at, slot, "echo %d.%ld", static_cast<int>(::getpid()), i);
-    if (auto ok = conn->send(*mr, at, static_cast<std::size_t>(n), rpmapp::Completion::always, 0); !ok)
-      return report("Conn::send", ok.error());
+    auto send = [&] { return conn->send(*mr, at, static_cast<std::size_t>(n), rpmapp::Completion::always, 0); };
+    if (auto ok = send(); !ok) return report("Conn::send", ok.error());
     const rpmapp::ConnId mine = *conn->id();
-    bool sent = false, answered = false;
-    while (!sent || !answered) {
+    int sent = 0, messages = 1, echoes = 0;
+    while (sent < messages || echoes < messages) {
       ibv_wc wc[2];
       rpmapp::ConnId from[2];
-      auto got = cq->next_for(wc, from, bound);
+      const bool may_resend = *iwarp && messages == 1 && echoes == 0;
+      auto got = cq->next_for(wc, from, may_resend ? resend_after : bound);
+      if (!got && may_resend && got.error().code() == rpmapp::errc::no_completion) {
+        if (auto ok = send(); !ok) return report("Conn::send (again)", ok.error());
+        ++messages;
+        ++resent;
+        continue;
+      }
       if (!got) return report("Cq::next_for", got.error());
       for (std::size_t k = 0; k < got->size(); ++k) {
         if (auto ok = rpmapp::check(wc[k]); !ok) return report("a completion", ok.error());
@@ -305,20 +321,21 @@ int echo_client(const std::string& ip, const std::string& port, long connections
           std::fprintf(stderr, "fault_client: echo: a completion of connection %ld tagged with another\n", i);
           return 1;
         }
-        if (wc[k].opcode == IBV_WC_SEND) sent = true;
+        if (wc[k].opcode == IBV_WC_SEND) ++sent;
         if (wc[k].opcode == IBV_WC_RECV) {
-          if (wc[k].byte_len != static_cast<std::uint32_t>(n) || std::memcmp(memory.data() + at, memory.data() + at + slot, n) != 0) {
+          const char* echo = memory.data() + at + wc[k].wr_id * slot;
+          if (wc[k].byte_len != static_cast<std::uint32_t>(n) || std::memcmp(memory.data() + at, echo, n) != 0) {
             std::fprintf(stderr, "fault_client: echo: connection %ld: the echo differs from \"%.*s\"\n", i, n,
                          memory.data() + at);
             return 1;
           }
-          answered = true;
+          ++echoes;
         }
       }
     }
     conns.push_back(std::move(*conn));
   }
-  std::printf("fault_client: echo ready round_trips %ld seconds %.3f\n", connections, seconds_since(t0));
+  std::printf("fault_client: echo ready round_trips %ld resent %ld seconds %.3f\n", connections, resent, seconds_since(t0));
   std::fflush(stdout);
   char line[8];
   if (::read(STDIN_FILENO, line, sizeof line) <= 0) return 1;

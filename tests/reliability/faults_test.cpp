@@ -209,12 +209,13 @@ class ClientProcess {
     text << in.rdbuf();
     return text.str();
   }
-  // The counts of its summary line: "established" -> N, ...
-  std::map<std::string, double> counts() const {
+  // The counts of its summary line, "LEAD FIRST_KEY N KEY N ...": "established" -> N, ...
+  std::map<std::string, double> counts(const std::string& lead = "fault_client: ",
+                                       const std::string& first_key = "attempts") const {
     const std::string text = output();
-    const auto at = text.find("fault_client: attempts ");
-    if (at == std::string::npos) FAIL("fault_client printed no summary: " << text);
-    std::istringstream line(text.substr(at + std::strlen("fault_client: ")));
+    const auto at = text.find(lead + first_key + " ");
+    if (at == std::string::npos) FAIL("fault_client printed no \"" << lead << first_key << "\": " << text);
+    std::istringstream line(text.substr(at + lead.size()));
     std::map<std::string, double> counts;
     std::string key;
     double value = 0;
@@ -1090,10 +1091,12 @@ struct EchoServer {
     Conn conn;
     rpmapp::Registration watching;
     std::size_t index;  // its echo's place in `memory`
-    // A message that came before established: answered then (on iWARP the accepting side
-    // may send only once it saw established, docs/peer.md)
+    // Messages that came before established: answered then (on iWARP the accepting side
+    // may send only once it saw established, docs/peer.md); a client may send its first
+    // message twice (fault_client.cpp)
     bool established = false;
-    std::uint32_t held_echo = 0;
+    int held_echoes = 0;
+    std::uint32_t held_length = 0;
   };
 
   void accept(rpmapp::expected<ConnReq> req) {
@@ -1113,7 +1116,7 @@ struct EchoServer {
     if (*event == ConnEvent::established) {
       count_established();
       at->second.established = true;
-      if (at->second.held_echo != 0) send_echo(at->second, std::exchange(at->second.held_echo, 0));
+      for (; at->second.held_echoes > 0; --at->second.held_echoes) send_echo(at->second, at->second.held_length);
     }
     if (*event != ConnEvent::closed) return;
     at->second.watching.reset();  // inside its own handler: not called again
@@ -1131,7 +1134,10 @@ struct EchoServer {
       if (at == served.end()) return problem("a message tagged with no connection of the server");
       std::memcpy(memory.data() + echo_slot(at->second), memory.data() + wc.wr_id * slot, wc.byte_len);
       if (at->second.established) send_echo(at->second, wc.byte_len);
-      else at->second.held_echo = wc.byte_len;
+      else {
+        ++at->second.held_echoes;
+        at->second.held_length = wc.byte_len;
+      }
       if (auto ok = srq.recv(mr, wc.wr_id * slot, slot, wc.wr_id); !ok) return problem("Srq::recv: " + ok.error().message());
       ++echoed;
     }
@@ -1232,8 +1238,14 @@ TEST_CASE("scale: one server thread holds N connections from 4 client processes 
     INFO("server: " << describe({{"established", server.established}, {"echoed", server.echoed}}));
     REQUIRE(server.problems == std::vector<std::string>{});
     REQUIRE(all_printed("echo ready"));
+    // iWARP: a first message left unread by siw is sent again after 1 s, and both come back
+    // (fault_client.cpp; docs/peer.md, "the active side's first message")
+    long resent = 0;
+    for (const auto& c : clients) resent += static_cast<long>(c->counts("fault_client: echo ready ", "round_trips").at("resent"));
+    std::cout << "faults [scale]: " << resent << " of " << n << " first messages sent again (a client does so on "
+              << "iWARP when the echo has not come within 1 s)" << std::endl;
     CHECK(server.established == n);
-    CHECK(server.echoed == n);
+    CHECK(server.echoed == n + resent);
     CHECK(static_cast<long>(server.served.size()) == n);
     CHECK(MUST(server.events.connections()) == static_cast<std::size_t>(n));
     CHECK(MUST(server.shared.connections()) == static_cast<std::size_t>(n));
