@@ -190,16 +190,17 @@ struct Buffers {
   }
 };
 
-// Completions that completion_of read while it waited for another, per queue pair; the next
-// next_completion hands them out first. A send's and a receive's completions come in either
-// order: on siw the echo's receive often completes before the send that asked for it.
+// Completions that completion_of read while it waited for another, per connection (its
+// ConnId: never given again, where a queue pair's address may be once it is released); the
+// next next_completion hands them out first. A send's and a receive's completions come in
+// either order: on siw the echo's receive often completes before the send that asked for it.
 std::mutex g_stash_mutex;
-std::map<ibv_qp*, std::deque<ibv_wc>> g_stash;
+std::map<rpmapp::ConnId, std::deque<ibv_wc>> g_stash;
 
 // The first kept completion of `conn` that `match` accepts, taken out of the stash.
 template <class Match> std::optional<ibv_wc> take_kept(rpmapp::Conn& conn, Match match) {
   std::lock_guard lock(g_stash_mutex);
-  auto it = g_stash.find(MUST(conn.qp()));
+  auto it = g_stash.find(MUST(conn.id()));
   if (it == g_stash.end()) return std::nullopt;
   auto& kept = it->second;
   for (auto wc = kept.begin(); wc != kept.end(); ++wc) {
@@ -248,7 +249,7 @@ ibv_wc completion_of(rpmapp::Conn& conn, std::uint64_t ctx, std::chrono::millise
       fail(std::string("unexpected failed completion (wr_id ") + std::to_string(wc->wr_id) +
            ") while waiting for the " + what + ": " + ibv_wc_status_str(wc->status));
     std::lock_guard lock(g_stash_mutex);
-    g_stash[MUST(conn.qp())].push_back(*wc);
+    g_stash[MUST(conn.id())].push_back(*wc);
   }
 }
 
