@@ -139,6 +139,8 @@ class ConnReq {
   friend struct detail::LoopAccess;
   friend class Endpoint;
   friend class PendingConnReq;
+  /// connect()'s name in its errors, also where EventLoop::connect makes the call.
+  static constexpr const char* connect_call = "ConnReq::connect";
   static expected<PendingConnReq> start_as(const char* call, const Peer& peer,
                                            std::string_view addr, std::string_view port,
                                            const ConnConfig& config) noexcept;

@@ -29,10 +29,11 @@ namespace detail {
 class BackgroundConnect final : public Orphan {
  public:
   /// Starts `core`'s rdma_connect with `private_data` (copied; at most what iWARP allows,
-  /// which the caller checked). Errors: provider (eventfd, pthread_create), nomem; `core`
-  /// is then released.
+  /// which the caller checked); `call` (a string literal) names the call's failure in
+  /// take(). Errors: provider (eventfd, pthread_create), nomem; `core` is then released.
   static expected<std::unique_ptr<BackgroundConnect>> start(std::unique_ptr<ConnectionCore> core,
-                                                            std::span<const std::byte> private_data) noexcept;
+                                                            std::span<const std::byte> private_data,
+                                                            const char* call) noexcept;
 
   BackgroundConnect(const BackgroundConnect&) = delete;
   BackgroundConnect& operator=(const BackgroundConnect&) = delete;
@@ -47,8 +48,8 @@ class BackgroundConnect final : public Orphan {
   int fd() const noexcept { return fd_; }
   bool finished() const noexcept override { return finished_.load(std::memory_order_acquire); }
 
-  /// Once finished(): the connection's core, or rdma_connect's error (provider, as
-  /// ConnReq::connect's; the request is released). Once.
+  /// Once finished(): the connection's core, or rdma_connect's error (provider, in `call`
+  /// as ConnReq::connect's; the request is released). Once.
   expected<std::unique_ptr<ConnectionCore>> take() noexcept;
 
   /// `loop` keeps this object from now on (LoopCore::adopt): the thread wakes it when done.
@@ -59,11 +60,13 @@ class BackgroundConnect final : public Orphan {
   }
 
  private:
-  BackgroundConnect(std::unique_ptr<ConnectionCore> core, std::span<const std::byte> private_data) noexcept;
+  BackgroundConnect(std::unique_ptr<ConnectionCore> core, std::span<const std::byte> private_data,
+                    const char* call) noexcept;
   static void* run(void* self) noexcept;
 
   const Provider* seam_ = current_provider;  // the thread calls this one, not the global
   std::unique_ptr<ConnectionCore> core_;
+  const char* call_;
   std::array<std::byte, max_iwarp_private_data> data_{};
   rdma_conn_param param_{};
   int fd_ = -1;

@@ -48,9 +48,10 @@ struct LoopAccess {
   static ConnectionCore* core(const PendingConnReq& r) noexcept { return r.core_.get(); }
   static ConnectionCore* core(const ConnReq& r) noexcept { return r.core_.get(); }
   static expected<ConnReq> take_request(const char* call, ListenerState& listener, const KeptConfig& kept);
-  static expected<std::unique_ptr<ConnectionCore>> take_for_connect(ConnReq&& r, const char* call,
+  static constexpr const char* connect_call = ConnReq::connect_call;
+  static expected<std::unique_ptr<ConnectionCore>> take_for_connect(ConnReq&& r,
                                                                     std::span<const std::byte> data) noexcept {
-    return std::move(r).take_for_connect(call, data);
+    return std::move(r).take_for_connect(connect_call, data);
   }
   static Conn conn(std::unique_ptr<ConnectionCore> core) noexcept { return Conn(std::move(core)); }
 };

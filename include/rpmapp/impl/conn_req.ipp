@@ -33,7 +33,7 @@ RPMAPP_DECL expected<std::unique_ptr<detail::ConnectionCore>> ConnReq::take_for_
 }
 
 RPMAPP_DECL expected<Conn> ConnReq::connect(std::span<const std::byte> private_data) && noexcept {
-  constexpr const char* call = "ConnReq::connect";
+  constexpr const char* call = connect_call;
   const bool incoming = incoming_;
   auto taken = std::move(*this).take_for_connect(call, private_data);
   if (!taken) return detail::fail(taken.error());

@@ -12,16 +12,16 @@ RPMAPP_BEGIN_NAMESPACE
 namespace detail {
 
 RPMAPP_DECL BackgroundConnect::BackgroundConnect(std::unique_ptr<ConnectionCore> core,
-                                                 std::span<const std::byte> private_data) noexcept
-    : core_(std::move(core)) {
+                                                 std::span<const std::byte> private_data, const char* call) noexcept
+    : core_(std::move(core)), call_(call) {
   const std::size_t n = std::min(private_data.size(), data_.size());
   std::copy_n(private_data.begin(), n, data_.begin());
   param_ = conn_param(std::span<const std::byte>(data_.data(), n), core_->config);
 }
 
 RPMAPP_DECL expected<std::unique_ptr<BackgroundConnect>> BackgroundConnect::start(
-    std::unique_ptr<ConnectionCore> core, std::span<const std::byte> private_data) noexcept {
-  std::unique_ptr<BackgroundConnect> b(new (std::nothrow) BackgroundConnect(std::move(core), private_data));
+    std::unique_ptr<ConnectionCore> core, std::span<const std::byte> private_data, const char* call) noexcept {
+  std::unique_ptr<BackgroundConnect> b(new (std::nothrow) BackgroundConnect(std::move(core), private_data, call));
   if (!b) return fail(Error(errc::nomem, ENOMEM, "operator new", "memory allocation failed"));
   errno = 0;
   b->fd_ = b->seam_->eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -46,7 +46,7 @@ RPMAPP_DECL void* BackgroundConnect::run(void* self) noexcept {
 RPMAPP_DECL expected<std::unique_ptr<ConnectionCore>> BackgroundConnect::take() noexcept {
   if (call_errno_ != 0) {
     auto released = std::move(core_);  // as ConnReq::connect: a failed request is released
-    return fail(provider_error_in("ConnReq::connect", "rdma_connect", call_errno_));
+    return fail(provider_error_in(call_, "rdma_connect", call_errno_));
   }
   return std::move(core_);
 }

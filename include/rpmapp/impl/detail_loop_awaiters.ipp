@@ -84,9 +84,9 @@ RPMAPP_DECL bool ConnectAwaiter::attempt() noexcept {
     if (!request) return finish(request.error());
     const std::span<const std::byte> data(data_.data(), data_size_);
     if (!LoopAccess::core(*request)->peer->iwarp) return connected(std::move(*request).connect(data), watching);
-    auto taken = LoopAccess::take_for_connect(std::move(*request), "ConnReq::connect", data);
+    auto taken = LoopAccess::take_for_connect(std::move(*request), data);
     if (!taken) return finish(taken.error());
-    auto background = BackgroundConnect::start(std::move(*taken), data);
+    auto background = BackgroundConnect::start(std::move(*taken), data, LoopAccess::connect_call);
     if (!background) return finish(background.error());
     background_ = std::move(*background);
     stage_ = Stage::connecting;
