@@ -11,7 +11,9 @@
 // Prints "stage connect" / "stage transfer" as it goes (the driver kills on them) and
 // ends with one line "RESULT KIND", exit 0; or "ERROR KIND: message", exit 1, for what
 // must not happen. A connection rejected or unreachable (the server is full, busy
-// re-listening or past its backlog) ends with "RESULT refused".
+// re-listening or past its backlog) ends with "RESULT refused"; so does, on iWARP, an
+// rdma_connect whose TCP connection is refused (ECONNREFUSED: nothing listens while the
+// server re-listens; docs/peer.md, "a port nobody listens on").
 #include "soak_common.hpp"
 
 #include <rpmapp/rpmapp.hpp>
@@ -20,6 +22,7 @@
 #include <sys/resource.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
     auto req = rpmapp::ConnReq::to(*peer, addr, port);
     if (!req) fail("resolve", req.error());
     auto conn = std::move(*req).connect(hello);
+    if (!conn && conn.error().call() == "rdma_connect" && conn.error().sys_errno() == ECONNREFUSED) result("refused");
     if (!conn) fail("connect", conn.error());
     auto event = conn->next_event_for(wait_bound);
     if (!event) fail(event.error() == rpmapp::errc::no_event ? "hang" : "conn_event", event.error());
