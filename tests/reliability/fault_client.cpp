@@ -39,9 +39,9 @@
 // without an fd or a CQ each), and on each, once established, one round trip: a message
 // that names the process and the connection, whose echo must come back on the same
 // connection, byte for byte. On iWARP a first message whose echo has not come back
-// within 1 s is sent again: siw can leave the active side's first message unread until
-// the next frame arrives (docs/peer.md, "the active side's first message"); then both
-// echoes must come back. Keeps them all; prints "fault_client: echo ready round_trips N
+// within 1 s is sent again: a stock siw can leave the active side's first message unread
+// until the next frame arrives (docs/peer.md, "the active side's first message"; the
+// VM's siw has a fix); then both echoes must come back. Keeps them all; prints "fault_client: echo ready round_trips N
 // resent K seconds S" (K: the messages sent again), and after a line on stdin disconnects
 // them all, waits for each one's closed, releases them and prints "fault_client: echo
 // done". Exits 1 on the first failure (printed), each wait bounded by 30 s.
