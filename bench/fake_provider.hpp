@@ -438,7 +438,8 @@ inline const rpmapp::detail::Provider provider = {
     // post_atomic_write
     [](ibv_qp*, uint64_t wr_id, unsigned flags, uint32_t, uint64_t, const void*) {
       note(c_post_atomic_write);
-      if (flags & IBV_SEND_SIGNALED) complete(wr_id, IBV_WC_ATOMIC_WRITE, 8);
+      if (flags & IBV_SEND_SIGNALED)
+        complete(wr_id, static_cast<ibv_wc_opcode>(rpmapp::detail::native_atomic_write_abi::wc_atomic_write), 8);
       return 0;
     },
     // post_flush

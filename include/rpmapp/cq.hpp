@@ -25,7 +25,7 @@ inline std::string_view to_string(ibv_wc_status status) noexcept { return ibv_wc
 
 /// The name of a work completion's opcode, e.g. "read", "recv_rdma_with_imm".
 constexpr std::string_view to_string(ibv_wc_opcode opcode) noexcept {
-  switch (static_cast<int>(opcode)) {  // an int: IBV_WC_FLUSH is not in rdma-core 44's enum
+  switch (static_cast<int>(opcode)) {  // an int: rdma-core 39 lacks IBV_WC_ATOMIC_WRITE, 44 IBV_WC_FLUSH
     case IBV_WC_SEND: return "send";
     case IBV_WC_RDMA_WRITE: return "write";
     case IBV_WC_RDMA_READ: return "read";
@@ -34,7 +34,7 @@ constexpr std::string_view to_string(ibv_wc_opcode opcode) noexcept {
     case IBV_WC_BIND_MW: return "bind_mw";
     case IBV_WC_LOCAL_INV: return "local_inv";
     case IBV_WC_TSO: return "tso";
-    case IBV_WC_ATOMIC_WRITE: return "atomic_write";
+    case detail::native_atomic_write_abi::wc_atomic_write: return "atomic_write";
     case detail::native_flush_abi::wc_flush: return "flush";
     case IBV_WC_RECV: return "recv";
     case IBV_WC_RECV_RDMA_WITH_IMM: return "recv_rdma_with_imm";

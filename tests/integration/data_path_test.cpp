@@ -380,7 +380,8 @@ TEST_CASE("atomic_write puts 8 bytes at an aligned offset and nothing else", "[d
                        : "emulated (8-byte inline RDMA WRITE with fence, as librpma 1.2)")
             << '\n';
   // The path taken shows in the completion's opcode.
-  const ibv_wc_opcode opcode = native ? IBV_WC_ATOMIC_WRITE : IBV_WC_RDMA_WRITE;
+  const auto opcode = static_cast<ibv_wc_opcode>(
+      native ? rpmapp::detail::native_atomic_write_abi::wc_atomic_write : IBV_WC_RDMA_WRITE);
   fill(link.server_mem, 11);
   Bytes expected = link.server_mem;
   std::uint64_t id = 0x6000;

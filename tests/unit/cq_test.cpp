@@ -489,7 +489,8 @@ TEST_CASE("check(wc): a failed completion's Error names its status; immediate() 
   CHECK(immediate(wc) == 0x11223344u);
   CHECK(to_string(IBV_WC_RDMA_READ) == "read");
   CHECK(to_string(IBV_WC_RECV_RDMA_WITH_IMM) == "recv_rdma_with_imm");
-  CHECK(to_string(IBV_WC_ATOMIC_WRITE) == "atomic_write");
+  CHECK(to_string(static_cast<ibv_wc_opcode>(rpmapp::detail::native_atomic_write_abi::wc_atomic_write)) ==
+        "atomic_write");
 }
 
 TEST_CASE("a connection's work completions end up on the right CQ", "[cq]") {

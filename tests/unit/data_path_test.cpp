@@ -154,10 +154,20 @@ TEST_CASE("Conn::atomic_write: emulated (inline fenced WRITE) and native", "[dat
     fake::DeviceCaps caps;
     caps.device_cap_flags_ex = fake::DeviceCaps::atomic_write_flag;
     fake.set_caps(0, caps);
-    {
+    namespace abi = rpmapp::detail::native_atomic_write_abi;
+    if constexpr (!rpmapp::detail::build_has_native_atomic_write) {
+      // rdma-core 39 (Ubuntu 22.04): no ibv_wr_atomic_write in the build, so the device's
+      // flag is not taken and the write is emulated
+      Setup s(fake);
+      CHECK_FALSE(*s.peer.native_atomic_write());
+      CHECK(fake.last_qp_attr_ex.send_ops_flags == 0);  // a plain QP (rdma_create_qp)
+      const auto before = fake.posted().size();
+      REQUIRE(s.conn.atomic_write(peer_region, 8, value));
+      CHECK(only_post(fake, before).opcode == IBV_WR_RDMA_WRITE);
+    } else {
       Setup s(fake);
       REQUIRE(*s.peer.native_atomic_write());
-      CHECK(fake.last_qp_attr_ex.send_ops_flags == IBV_QP_EX_WITH_ATOMIC_WRITE);
+      CHECK(fake.last_qp_attr_ex.send_ops_flags == abi::qp_ex_with_atomic_write);
       CHECK(fake.last_qp_attr_ex.pd == *s.peer.pd());
       auto copy = value;
       const auto before = fake.posted().size();
@@ -165,7 +175,7 @@ TEST_CASE("Conn::atomic_write: emulated (inline fenced WRITE) and native", "[dat
       copy.fill(std::byte{0});
       const auto wr = only_post(fake, before);
       CHECK(wr.native_atomic);
-      CHECK(wr.opcode == IBV_WR_ATOMIC_WRITE);
+      CHECK(wr.opcode == abi::wr_atomic_write);
       CHECK(wr.send_flags == IBV_SEND_SIGNALED);
       CHECK(wr.inline_data == std::vector<std::byte>(value.begin(), value.end()));
       CHECK(wr.remote_addr == 0x7f0000001000ull + 8);
@@ -175,11 +185,21 @@ TEST_CASE("Conn::atomic_write: emulated (inline fenced WRITE) and native", "[dat
       ibv_wc wc;
       auto got = s.conn.cq()->get({&wc, 1});
       REQUIRE(got);
-      CHECK(wc.opcode == IBV_WC_ATOMIC_WRITE);
+      CHECK(static_cast<int>(wc.opcode) == abi::wc_atomic_write);
       fake.fail("ibv_wr_complete", kErr);
       auto failed = s.conn.atomic_write(peer_region, 8, value);
       REQUIRE_FALSE(failed);
       check_injected(failed.error(), "ibv_wr_complete", kErr);
+      // a userspace provider older than the build's rdma-core refuses the native send ops
+      // (rxe of rdma-core 39 on kernel 6.2 or newer): the error says why
+      fake.fail("rdma_create_qp_ex", EOPNOTSUPP);
+      auto refused = outgoing(s.peer, "169.254.77.9").connect();
+      REQUIRE_FALSE(refused);
+      CHECK(refused.error().code() == errc::provider);
+      CHECK(refused.error().call() == "rdma_create_qp_ex");
+      CHECK(refused.error().sys_errno() == EOPNOTSUPP);
+      CHECK_THAT(refused.error().message(), Catch::Contains("native atomic write but its libibverbs provider") &&
+                                                Catch::Contains("built on a newer rdma-core"));
     }
     fake.expect_clean();
   }

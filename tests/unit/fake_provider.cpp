@@ -540,7 +540,7 @@ struct FakeProvider::Impl {
       return -1;
     }
     const bool atomic_write = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
-                              (attr->send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE);
+                              (attr->send_ops_flags & rpmapp::detail::native_atomic_write_abi::qp_ex_with_atomic_write);
     const bool flush = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
                        (attr->send_ops_flags & rpmapp::detail::native_flush_abi::qp_ex_with_flush);
     if (make_qp("rdma_create_qp_ex", id, attr->pd, attr->send_cq, attr->recv_cq, attr->srq,
@@ -1368,7 +1368,7 @@ struct FakeProvider::Impl {
   static int post_atomic_write(ibv_qp* qp, uint64_t wr_id, unsigned send_flags, uint32_t rkey,
                                uint64_t remote_addr, const void* src8) {
     return post_extended(qp, &QpInfo::atomic_write, wr_id, send_flags, rkey, remote_addr,
-                         IBV_WR_ATOMIC_WRITE, 8, [&](PostedWr& posted) {
+                         rpmapp::detail::native_atomic_write_abi::wr_atomic_write, 8, [&](PostedWr& posted) {
                            posted.native_atomic = true;
                            const auto* p = static_cast<const std::byte*>(src8);
                            posted.inline_data.assign(p, p + 8);
@@ -2477,7 +2477,9 @@ void FakeProvider::complete_one(ibv_qp* qp, Outstanding& wr, ibv_cq* cq, ibv_wc_
         wc.opcode = IBV_WC_RDMA_READ;
         wc.byte_len = wr.byte_len;
         break;
-      case IBV_WR_ATOMIC_WRITE: wc.opcode = IBV_WC_ATOMIC_WRITE; break;
+      case rpmapp::detail::native_atomic_write_abi::wr_atomic_write:
+        wc.opcode = static_cast<ibv_wc_opcode>(rpmapp::detail::native_atomic_write_abi::wc_atomic_write);
+        break;
       case IBV_WR_BIND_MW: wc.opcode = IBV_WC_BIND_MW; break;
       case rpmapp::detail::native_flush_abi::wr_flush:
         wc.opcode = static_cast<ibv_wc_opcode>(rpmapp::detail::native_flush_abi::wc_flush);

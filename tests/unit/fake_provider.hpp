@@ -466,7 +466,7 @@ class FakeProvider {
   struct QpInfo {
     QpState state = QpState::init;
     ibv_qp_cap cap{};
-    bool atomic_write = false;  // created with IBV_QP_EX_WITH_ATOMIC_WRITE
+    bool atomic_write = false;  // created with IBV_QP_EX_WITH_ATOMIC_WRITE (by value: rdma-core 39 lacks it)
     bool flush = false;         // created with IBV_QP_EX_WITH_FLUSH
     std::deque<Outstanding> sends, recvs;
   };

@@ -197,7 +197,8 @@ TEST_CASE("Peer::open: the device's ODP and atomic-write capabilities", "[mr][pe
     CHECK_FALSE(*plain.odp_capable());
     CHECK_FALSE(*plain.native_atomic_write());
     CHECK(*rich.odp_capable());
-    CHECK(*rich.native_atomic_write());
+    // (only where the build's rdma-core can post it: 44 on)
+    CHECK(*rich.native_atomic_write() == rpmapp::detail::build_has_native_atomic_write);
   }
   fake.expect_clean();
 }

@@ -29,6 +29,31 @@ template <class QpEx>
 concept has_wr_flush = requires(QpEx* qpx) { qpx->wr_flush; };
 inline constexpr bool build_has_native_flush = has_wr_flush<ibv_qp_ex>;
 
+/// Whether this build's <infiniband/verbs.h> has ibv_wr_atomic_write (rdma-core 44 on): the
+/// extended QP then has a wr_atomic_write member.
+template <class QpEx>
+concept has_wr_atomic_write = requires(QpEx* qpx) { qpx->wr_atomic_write; };
+inline constexpr bool build_has_native_atomic_write = has_wr_atomic_write<ibv_qp_ex>;
+
+/// ibv_wr_start, ibv_wr_atomic_write, ibv_wr_complete on the QP's ibv_qp_ex; EOPNOTSUPP when
+/// the build's rdma-core or the QP has no native atomic write.
+template <class QpEx = ibv_qp_ex>
+int post_native_atomic_write(ibv_qp* qp, std::uint64_t wr_id, unsigned send_flags,
+                             std::uint32_t rkey, std::uint64_t remote_addr, const void* src8) {
+  if constexpr (has_wr_atomic_write<QpEx>) {
+    QpEx* qpx = ibv_qp_to_qp_ex(qp);
+    if (qpx == nullptr || qpx->wr_atomic_write == nullptr) return EOPNOTSUPP;
+    ibv_wr_start(qpx);
+    qpx->wr_id = wr_id;
+    qpx->wr_flags = send_flags;
+    qpx->wr_atomic_write(qpx, rkey, remote_addr, src8);
+    return ibv_wr_complete(qpx);
+  } else {
+    (void)qp, (void)wr_id, (void)send_flags, (void)rkey, (void)remote_addr, (void)src8;
+    return EOPNOTSUPP;
+  }
+}
+
 /// ibv_wr_start, ibv_wr_flush, ibv_wr_complete on the QP's ibv_qp_ex; EOPNOTSUPP when the
 /// build's rdma-core or the QP has no native flush.
 template <class QpEx = ibv_qp_ex>
@@ -191,16 +216,7 @@ inline const Provider system_provider = {
     [](ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_srq_recv(srq, wr, bad);
     },
-    [](ibv_qp* qp, uint64_t wr_id, unsigned send_flags, uint32_t rkey, uint64_t remote_addr,
-       const void* src8) {
-      ibv_qp_ex* qpx = ibv_qp_to_qp_ex(qp);
-      if (qpx == nullptr || qpx->wr_atomic_write == nullptr) return EOPNOTSUPP;
-      ibv_wr_start(qpx);
-      qpx->wr_id = wr_id;
-      qpx->wr_flags = send_flags;
-      ibv_wr_atomic_write(qpx, rkey, remote_addr, src8);
-      return ibv_wr_complete(qpx);
-    },
+    post_native_atomic_write<>,
     post_native_flush<>,
     [](ibv_cq* cq, int n, ibv_wc* wc) { return ibv_poll_cq(cq, n, wc); },
     ibv_get_cq_event,

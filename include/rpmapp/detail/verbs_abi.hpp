@@ -13,6 +13,14 @@ namespace detail {
 /// in <infiniband/verbs.h>).
 inline constexpr std::uint64_t device_atomic_write_flag = 1ull << 40;
 
+/// rdma-core 44's native atomic write, by the ABI values of its names, so that a build on
+/// an older rdma-core (39: Ubuntu 22.04) compiles and reports it emulated.
+namespace native_atomic_write_abi {
+inline constexpr std::uint64_t qp_ex_with_atomic_write = 1ull << 12;  // IBV_QP_EX_WITH_ATOMIC_WRITE
+inline constexpr int wr_atomic_write = 15;                             // IBV_WR_ATOMIC_WRITE
+inline constexpr int wc_atomic_write = 9;                              // IBV_WC_ATOMIC_WRITE
+}  // namespace native_atomic_write_abi
+
 /// rdma-core 45's native RDMA FLUSH, by the ABI values of its names, so that a build on any
 /// rdma-core can test for it (rdma-core 44, Debian 12's, names none of them).
 namespace native_flush_abi {

@@ -288,10 +288,20 @@ RPMAPP_DECL expected<void> create_queues(ConnectionCore& core, const ConnConfig&
     attr.pd = core.peer->pd.get();
     const std::uint64_t none = 0;
     attr.send_ops_flags =
-        (core.peer->native_atomic_write ? static_cast<std::uint64_t>(IBV_QP_EX_WITH_ATOMIC_WRITE) : none) |
+        (core.peer->native_atomic_write ? native_atomic_write_abi::qp_ex_with_atomic_write : none) |
         (core.peer->native_flush ? native_flush_abi::qp_ex_with_flush : none);
-    if (p.create_qp_ex(core.id.get(), &attr) != 0)
+    if (p.create_qp_ex(core.id.get(), &attr) != 0) {
+      // EOPNOTSUPP: the kernel offers the native operations, the userspace provider that
+      // runs does not (a program built on rdma-core 44 or newer, run on an older one)
+      if (errno == EOPNOTSUPP)
+        return fail(make_error(errc::provider, EOPNOTSUPP, "rdma_create_qp_ex",
+                               "the device reports native{}{} but its libibverbs provider does "
+                               "not take them: this program was built on a newer rdma-core "
+                               "than the one it runs on",
+                               core.peer->native_atomic_write ? " atomic write" : "",
+                               core.peer->native_flush ? " flush" : ""));
       return fail(refused("rdma_create_qp_ex"));
+    }
   } else {
     ibv_qp_init_attr plain{};
     plain.send_cq = attr.send_cq;

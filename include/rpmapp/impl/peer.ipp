@@ -162,7 +162,9 @@ RPMAPP_DECL expected<Peer> Peer::open(ibv_context* context) noexcept {
     const std::uint32_t rc_odp = attr.odp_caps.per_transport_caps.rc_odp_caps;
     state->odp = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0 &&
                  (rc_odp & IBV_ODP_SUPPORT_READ) != 0 && (rc_odp & IBV_ODP_SUPPORT_WRITE) != 0;
-    state->native_atomic_write = (attr.device_cap_flags_ex & detail::device_atomic_write_flag) != 0;
+    // (a build on rdma-core older than 44 cannot post it: emulated, as on a kernel without it)
+    state->native_atomic_write = detail::build_has_native_atomic_write &&
+                                 (attr.device_cap_flags_ex & detail::device_atomic_write_flag) != 0;
     // librpma 1.3's rule: native flush only when the device has both types
     constexpr std::uint64_t both_flushes = detail::native_flush_abi::device_flush_global |
                                            detail::native_flush_abi::device_flush_persistent;
