@@ -9,6 +9,11 @@
 #include <fmt/base.h>
 #else
 #include <fmt/core.h>
+#if FMT_VERSION < 90000
+// fmt 8: a formatter<std::string> that rpmapp's inline code instantiates through core.h
+// conflicts with the partial specializations of a <fmt/format.h> the user includes later
+#include <fmt/format.h>
+#endif
 #endif
 
 #include <algorithm>

@@ -125,17 +125,23 @@ template <class T> class Task {
 
   explicit operator bool() const noexcept { return static_cast<bool>(handle_); }
 
-  // Awaiting a Task starts it and resumes the awaiting coroutine when it finishes.
-  bool await_ready() const noexcept { return !handle_ || handle_.done(); }
-  std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiting) noexcept {
-    handle_.promise().continuation = awaiting;
-    return handle_;
-  }
-  T await_resume() {
-    if (!handle_) [[unlikely]]
-      return detail::empty_task_result<T>();
-    return handle_.promise().result();
-  }
+  /// Awaiting a Task starts it and resumes the awaiting coroutine when it finishes. (A
+  /// separate awaiter, made for each co_await: g++ 11 cannot compile `auto r = co_await
+  /// task;` when the Task lvalue is its own awaiter and T is an expected.)
+  struct Awaiter {
+    handle_type handle;
+    bool await_ready() const noexcept { return !handle || handle.done(); }
+    std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiting) noexcept {
+      handle.promise().continuation = awaiting;
+      return handle;
+    }
+    T await_resume() {
+      if (!handle) [[unlikely]]
+        return detail::empty_task_result<T>();
+      return handle.promise().result();
+    }
+  };
+  Awaiter operator co_await() const noexcept { return Awaiter{handle_}; }
 
  private:
   friend promise_type;

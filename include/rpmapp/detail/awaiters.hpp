@@ -25,7 +25,6 @@ class Awaiter : public TimedWaiter {
       : core_(core), call_(call), timeout_(timeout) {}
   Awaiter(const Awaiter&) = delete;
   Awaiter& operator=(const Awaiter&) = delete;
-  ~Awaiter() { detach(); }
 
   bool await_ready() noexcept {
     if (core_ == nullptr) return finish(moved_from(call_));
@@ -67,6 +66,9 @@ class Awaiter : public TimedWaiter {
   }
 
  protected:
+  // (protected: destroyed only as the final awaiter, so it needs no virtual destructor, and
+  // -Wnon-virtual-dtor stays quiet for users who enable it)
+  ~Awaiter() { detach(); }
   /// Registers for `fd`, tied to `source` (may be null). Errors: as LoopCore::add.
   expected<void> watch_fd(int fd, SourceLink* source) noexcept {
     if (auto ok = core_->add(*this, fd, EPOLLIN); !ok) return ok;
