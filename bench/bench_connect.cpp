@@ -396,7 +396,13 @@ int main(int argc, char** argv) {
   if (mode != "seq" && mode != "conc" && mode != "serve" && mode != "one" && mode != "serve-one" &&
       mode != "queues" && mode != "pool" && mode != "timewait" && mode != "isolation")
     die("usage", "bench_connect seq|conc|serve [reps] [K] [C...] | one VARIANT K [C] | serve-one SERVER K | queues|pool|isolation [reps] [K] | timewait [N]");
-  auto [anchor_ip, peer, ctx, rpeer] = open_anchors();
+  // (names, not a structured binding: lambdas use them, and clang before 16 cannot
+  // capture a structured binding)
+  Anchors anchors = open_anchors();
+  auto& anchor_ip = anchors.ip;
+  auto& peer = anchors.peer;
+  auto& ctx = anchors.ctx;
+  auto& rpeer = anchors.rpeer;
   ip = anchor_ip;
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
   rdma_event_channel* raw_ch = check_ptr(rdma_create_event_channel(), "rdma_create_event_channel");

@@ -616,7 +616,13 @@ int main(int argc, char** argv) {
     alarm(120);
   };
   step("setup");
-  auto [ip, peer, ctx, rpeer] = open_anchors();
+  // (names, not a structured binding: lambdas use them, and clang before 16 cannot
+  // capture a structured binding)
+  Anchors anchors = open_anchors();
+  auto& ip = anchors.ip;
+  auto& peer = anchors.peer;
+  auto& ctx = anchors.ctx;
+  auto& rpeer = anchors.rpeer;
   ibv_pd* pd = check_ptr(ibv_alloc_pd(ctx), "ibv_alloc_pd");
   {
     RpmappImpl r(peer, ip);

@@ -18,7 +18,12 @@ int main(int argc, char** argv) {
   }
   const int reps = argc > 1 ? std::atoi(argv[1]) : 9;
   const int cycles = argc > 2 ? std::atoi(argv[2]) : 200;
-  auto [ip, peer, ctx, rpeer] = open_anchors();
+  // (names, not a structured binding: lambdas use them, and clang before 16 cannot
+  // capture a structured binding)
+  Anchors anchors = open_anchors();
+  auto& ip = anchors.ip;
+  auto& peer = anchors.peer;
+  auto& rpeer = anchors.rpeer;
 
   auto timed = [cycles](auto&& cycle) {
     return [cycles, cycle]() {

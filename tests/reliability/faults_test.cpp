@@ -488,7 +488,12 @@ TEST_CASE("fd exhaustion inside EventLoop::serve: requests reach the handler as 
   const Ledger baseline = baseline_ledger();
   {
     Listening listening;
-    auto& [ip, peer, ep, port] = listening;
+    // (names, not a structured binding: the lambdas below use them, and clang before 16
+    // cannot capture a structured binding)
+    auto& ip = listening.ip;
+    auto& peer = listening.peer;
+    auto& ep = listening.ep;
+    auto& port = listening.port;
     rpmapp::EventLoop loop = MUST(rpmapp::EventLoop::create());
     std::vector<rpmapp::Error> errors;
     std::vector<Conn> accepted;

@@ -193,7 +193,7 @@ TEST_CASE("Conn::atomic_write: emulated (inline fenced WRITE) and native", "[dat
       // a userspace provider older than the build's rdma-core refuses the native send ops
       // (rxe of rdma-core 39 on kernel 6.2 or newer): the error says why
       fake.fail("rdma_create_qp_ex", EOPNOTSUPP);
-      auto refused = outgoing(s.peer, "169.254.77.9").connect();
+      auto refused = ConnReq::to(s.peer, "169.254.77.9", "7471");
       REQUIRE_FALSE(refused);
       CHECK(refused.error().code() == errc::provider);
       CHECK(refused.error().call() == "rdma_create_qp_ex");
